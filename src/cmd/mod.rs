@@ -1,0 +1,2 @@
+//! One module per subcommand: parse arguments, call the libraries, print.
+pub mod trace;

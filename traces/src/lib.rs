@@ -1,0 +1,1 @@
+//! moonagent-traces
