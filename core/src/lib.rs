@@ -6,6 +6,6 @@
 //! a KV page) comes back as data. The simulator drives this crate in virtual time with
 //! size-only payloads; the real backend drives it in wall time with real bytes.
 
+pub mod fork;
 pub mod rng;
 pub mod store;
-pub mod fork;

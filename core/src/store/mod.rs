@@ -1,1 +1,236 @@
-//! The store: Mooncake Store semantics.
+//! The store: Mooncake Store's operation set and its semantics, modelled once.
+//!
+//! [`Store`] is the operation set of a Mooncake Store client (put start/end/revoke, get
+//! into a caller buffer, exists, remove with or without force, batch forms, a replicate
+//! config with soft pin, hard pin and data type). [`MemStore`] is the embedded default: a
+//! sans-IO model of the real master (leases granted by reads, invisible puts in progress,
+//! insert-if-absent puts, no-space puts failing at once, watermark-triggered batch
+//! eviction on an eviction "tick"), whose victim choice is delegated to an
+//! [`EvictionPolicy`]. The adapter for a real Mooncake Store implements the same trait.
+//!
+//! Time is always an argument (`now`, integer nanoseconds of whatever clock the driver
+//! uses: virtual in the simulator, monotonic wall time in the real backend).
+
+mod error;
+mod mem;
+pub mod policy;
+
+pub use error::{StoreError, StoreResult};
+pub use mem::{MemStore, MemStoreConfig, ObjId, StoreStats, TypeStats};
+pub use policy::{
+    Candidate, EvictRequest, EvictionPolicy, MooncakeDefault, ObjectMeta, PolicyConfig,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Integer nanoseconds. Virtual in the simulator, monotonic wall time in real runs.
+pub type Nanos = u64;
+
+/// One millisecond in [`Nanos`].
+pub const MS: Nanos = 1_000_000;
+/// One second in [`Nanos`].
+pub const SEC: Nanos = 1_000_000_000;
+
+/// What an object holds. Mooncake's `ObjectDataType`, with encoder outputs (seed 002's
+/// `HIDDEN_STATE`) as a first-class type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataType {
+    /// Anything else (Mooncake's default type).
+    General,
+    /// Prefix KV cache blocks.
+    KvCache,
+    /// Vision-encoder outputs (visual embeddings, "encoder hidden states") and their meta.
+    EncoderOutput,
+}
+
+impl DataType {
+    /// Every data type, in index order.
+    pub const ALL: [DataType; 3] = [
+        DataType::General,
+        DataType::KvCache,
+        DataType::EncoderOutput,
+    ];
+    /// Number of data types (size of per-type arrays).
+    pub const COUNT: usize = 3;
+
+    /// Dense index for per-type arrays.
+    #[inline]
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Stable snake_case name (as in configs and reports).
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::General => "general",
+            DataType::KvCache => "kv_cache",
+            DataType::EncoderOutput => "encoder_output",
+        }
+    }
+}
+
+/// Mooncake's `ReplicateConfig`, reduced to what a single-replica memory store uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicateConfig {
+    /// Object data type (drives type-aware eviction and per-type reports).
+    pub data_type: DataType,
+    /// Never evicted while pinned (it can still be removed).
+    pub hard_pin: bool,
+    /// Evicted only after every evictable unpinned object, until the soft-pin TTL
+    /// (`MemStoreConfig::soft_pin_ttl_ns`, counted from the put, not refreshed by reads).
+    pub soft_pin: bool,
+}
+
+impl Default for ReplicateConfig {
+    fn default() -> Self {
+        Self {
+            data_type: DataType::General,
+            hard_pin: false,
+            soft_pin: false,
+        }
+    }
+}
+
+impl ReplicateConfig {
+    /// An unpinned object of type `data_type`.
+    pub fn of(data_type: DataType) -> Self {
+        Self {
+            data_type,
+            ..Self::default()
+        }
+    }
+}
+
+/// An object's content: real bytes, or only a size (so a simulator can hold millions of
+/// objects without their bytes). Both go through the same store code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// Real bytes.
+    Bytes(Vec<u8>),
+    /// A size in bytes and nothing else.
+    SizeOnly(u64),
+}
+
+impl Payload {
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Payload::Bytes(b) => b.len() as u64,
+            Payload::SizeOnly(n) => *n,
+        }
+    }
+
+    /// True when the payload has zero bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Per-access information a driver may attach so policies and reports can weigh by cost
+/// (Caffeine/libCacheSim style). Real Mooncake clients carry none of it: defaults apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessHints {
+    /// Recompute cost of a miss on this object, in ns (0 = unknown).
+    pub miss_penalty_ns: u64,
+    /// Logical time (request sequence number) of this key's next access, from a backward
+    /// pass over the trace; `u64::MAX` = never again or unknown. Only offline bounds read it.
+    pub next_access: u64,
+    /// Tenant id (hierarchical policies scope by it).
+    pub tenant: u32,
+    /// Priority class (higher = more important); hierarchical policies scope by it.
+    pub priority: u8,
+}
+
+impl Default for AccessHints {
+    fn default() -> Self {
+        Self {
+            miss_penalty_ns: 0,
+            next_access: u64::MAX,
+            tenant: 0,
+            priority: 0,
+        }
+    }
+}
+
+/// Mooncake Store's client operation set. Keys are strings, as in Mooncake.
+///
+/// Every call takes `now`. Reads (`get_*`, `exists`, `batch_exists`) grant a lease of
+/// `kv_lease_ttl` on the objects they find, as the real master does.
+pub trait Store {
+    /// Reserve space for `key` and mark it in progress (invisible to readers).
+    fn put_start(
+        &mut self,
+        now: Nanos,
+        key: &str,
+        size: u64,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()>;
+    /// Complete a put started with [`Store::put_start`]; `payload.len()` must equal the reserved size.
+    fn put_end(&mut self, now: Nanos, key: &str, payload: Payload) -> StoreResult<()>;
+    /// Abandon a put in progress and release its space.
+    fn put_revoke(&mut self, now: Nanos, key: &str) -> StoreResult<()>;
+    /// Copy the object into `buf`; returns its length. Grants a lease.
+    fn get_into(&mut self, now: Nanos, key: &str, buf: &mut [u8]) -> StoreResult<u64>;
+    /// Size of a complete object, read without moving bytes (size-only drivers). Grants a lease.
+    fn get_size(&mut self, now: Nanos, key: &str) -> StoreResult<u64>;
+    /// Whether a complete object exists. Grants a lease when it does.
+    fn exists(&mut self, now: Nanos, key: &str) -> StoreResult<bool>;
+    /// Remove an object; without `force`, a leased object is kept and `HasLease` returned.
+    fn remove(&mut self, now: Nanos, key: &str, force: bool) -> StoreResult<()>;
+
+    /// Put in one call (start then end; revoke if the end fails).
+    fn put(
+        &mut self,
+        now: Nanos,
+        key: &str,
+        payload: Payload,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        self.put_start(now, key, payload.len(), cfg)?;
+        match self.put_end(now, key, payload) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = self.put_revoke(now, key);
+                Err(e)
+            }
+        }
+    }
+
+    /// Batch put: one result per item, in order.
+    fn batch_put(
+        &mut self,
+        now: Nanos,
+        items: Vec<(String, Payload)>,
+        cfg: &ReplicateConfig,
+    ) -> Vec<StoreResult<()>> {
+        items
+            .into_iter()
+            .map(|(k, p)| self.put(now, &k, p, cfg))
+            .collect()
+    }
+
+    /// Batch get into caller buffers: one result per key, in order.
+    fn batch_get_into(
+        &mut self,
+        now: Nanos,
+        keys: &[&str],
+        bufs: &mut [&mut [u8]],
+    ) -> Vec<StoreResult<u64>> {
+        keys.iter()
+            .zip(bufs.iter_mut())
+            .map(|(k, b)| self.get_into(now, k, b))
+            .collect()
+    }
+
+    /// Batch exists: one result per key, in order.
+    fn batch_exists(&mut self, now: Nanos, keys: &[&str]) -> Vec<StoreResult<bool>> {
+        keys.iter().map(|k| self.exists(now, k)).collect()
+    }
+
+    /// Batch remove: one result per key, in order.
+    fn batch_remove(&mut self, now: Nanos, keys: &[&str], force: bool) -> Vec<StoreResult<()>> {
+        keys.iter().map(|k| self.remove(now, k, force)).collect()
+    }
+}

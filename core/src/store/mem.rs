@@ -1,0 +1,749 @@
+//! `MemStore`: the embedded store, a sans-IO model of Mooncake's master and one segment.
+//!
+//! Objects live in a slab (`ObjId` = slot index) with a hash index from key to slot, so a
+//! policy scans a dense `&[ObjectMeta]`. Keys are generic: the [`Store`] impl uses
+//! `String` keys as Mooncake does; the simulator and replay use integer keys through the
+//! same generic methods, so every driver runs the same code.
+//!
+//! The master's eviction thread wakes every `eviction_interval_ns` (10 ms on the real
+//! master). Because nothing happens between two calls, the model runs the ticks that fell
+//! due since the last call at the start of each call: if the trigger holds at a tick
+//! (`used > high_watermark`, or a put failed for space since the last run), one
+//! `BatchEvict` runs at that tick's time. Ticks at which nothing could be evicted are
+//! collapsed into the last tick before `now` (between calls only leases expire, so this
+//! changes no outcome except the time stamp of that run). `eviction_interval_ns = 0`
+//! evicts synchronously at the end of the call that crossed the watermark.
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use super::policy::{EvictRequest, EvictionPolicy, ObjectMeta, PolicyConfig};
+use super::{
+    AccessHints, Candidate, DataType, Nanos, Payload, ReplicateConfig, Store, StoreError,
+    StoreResult, MS, SEC,
+};
+
+/// Slot index of an object in a [`MemStore`]; valid until the object is freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjId(pub u32);
+
+impl ObjId {
+    /// The slot index as `usize`.
+    #[inline]
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// `MemStore` settings; defaults are Mooncake master's at HEAD.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemStoreConfig {
+    /// Segment bytes (the memory all clients contribute).
+    pub capacity_bytes: u64,
+    /// `eviction_high_watermark_ratio` (0.90).
+    pub high_watermark: f64,
+    /// `eviction_ratio` (0.05).
+    pub eviction_ratio: f64,
+    /// `default_kv_lease_ttl` (10 s).
+    pub kv_lease_ttl_ns: Nanos,
+    /// `default_kv_soft_pin_ttl` (30 min).
+    pub soft_pin_ttl_ns: Nanos,
+    /// `allow_evict_soft_pinned_objects` (true).
+    pub allow_evict_soft_pinned: bool,
+    /// Eviction thread period (10 ms); 0 = evict synchronously.
+    pub eviction_interval_ns: Nanos,
+    /// `put_start_discard_timeout_sec` (30 s): a put still in progress after this may be
+    /// replaced by a new put of the same key.
+    pub put_start_discard_timeout_ns: Nanos,
+}
+
+impl Default for MemStoreConfig {
+    fn default() -> Self {
+        Self {
+            capacity_bytes: 1 << 30,
+            high_watermark: 0.90,
+            eviction_ratio: 0.05,
+            kv_lease_ttl_ns: 10 * SEC,
+            soft_pin_ttl_ns: 1_800 * SEC,
+            allow_evict_soft_pinned: true,
+            eviction_interval_ns: 10 * MS,
+            put_start_discard_timeout_ns: 30 * SEC,
+        }
+    }
+}
+
+impl MemStoreConfig {
+    /// Defaults with the given capacity.
+    pub fn with_capacity(capacity_bytes: u64) -> Self {
+        Self {
+            capacity_bytes,
+            ..Self::default()
+        }
+    }
+
+    /// Check every field; the error names the field and what was expected.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.capacity_bytes == 0 {
+            return Err("capacity_bytes: expected > 0".into());
+        }
+        if !(self.high_watermark > 0.0 && self.high_watermark <= 1.0) {
+            return Err(format!(
+                "high_watermark: expected in (0, 1], got {}",
+                self.high_watermark
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.eviction_ratio) {
+            return Err(format!(
+                "eviction_ratio: expected in [0, 1], got {}",
+                self.eviction_ratio
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Counters for one data type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypeStats {
+    /// Completed puts.
+    pub puts: u64,
+    /// Bytes of completed puts.
+    pub put_bytes: u64,
+    /// Puts refused for space (-200).
+    pub put_no_space: u64,
+    /// Objects evicted.
+    pub evicted: u64,
+    /// Bytes evicted.
+    pub evicted_bytes: u64,
+    /// Objects resident now.
+    pub resident: u64,
+    /// Bytes resident now (in-progress included).
+    pub resident_bytes: u64,
+}
+
+/// Store-wide counters. Deterministic: a function of the operation sequence only.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreStats {
+    /// Per data type, indexed by `DataType::index`.
+    pub by_type: [TypeStats; DataType::COUNT],
+    /// Puts refused because the key existed.
+    pub put_exists: u64,
+    /// Lease-granting reads that found a complete object.
+    pub read_hits: u64,
+    /// Reads that found nothing (or a put in progress).
+    pub read_misses: u64,
+    /// `BatchEvict` runs.
+    pub eviction_runs: u64,
+    /// Runs that evicted nothing.
+    pub eviction_runs_empty: u64,
+    /// Victims proposed by the policy that the store refused (must stay 0).
+    pub policy_refused: u64,
+    /// Objects removed by `remove`.
+    pub removed: u64,
+}
+
+struct Slot<K> {
+    key: Option<K>,
+    payload: Option<Payload>,
+}
+
+/// The embedded Mooncake-semantics store. Generic over the key type; see the module docs.
+pub struct MemStore<K = String> {
+    cfg: MemStoreConfig,
+    policy: Box<dyn EvictionPolicy>,
+    index: FxHashMap<K, ObjId>,
+    slots: Vec<Slot<K>>,
+    metas: Vec<ObjectMeta>,
+    free: Vec<ObjId>,
+    used_bytes: u64,
+    objects: u64,
+    seq: u64,
+    need_eviction: bool,
+    next_tick: Nanos,
+    last_now: Nanos,
+    stats: StoreStats,
+    victims: Vec<ObjId>,
+}
+
+impl<K> std::fmt::Debug for MemStore<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemStore")
+            .field("policy", &self.policy.name())
+            .field("objects", &self.objects)
+            .field("used_bytes", &self.used_bytes)
+            .field("capacity_bytes", &self.cfg.capacity_bytes)
+            .finish()
+    }
+}
+
+const EMPTY_META: ObjectMeta = ObjectMeta {
+    live: false,
+    size: 0,
+    data_type: DataType::General,
+    hard_pinned: false,
+    soft_pin_until: None,
+    lease_timeout: 0,
+    complete: false,
+    readers: 0,
+    put_time: 0,
+    insert_seq: 0,
+    last_access: 0,
+    last_access_seq: 0,
+    access_count: 0,
+    hints: AccessHints {
+        miss_penalty_ns: 0,
+        next_access: u64::MAX,
+        tenant: 0,
+        priority: 0,
+    },
+};
+
+impl<K: Hash + Eq + Clone> MemStore<K> {
+    /// A store with the `mooncake-default` policy.
+    pub fn new(cfg: MemStoreConfig) -> Result<Self, String> {
+        Self::with_policy(cfg, &PolicyConfig::default())
+    }
+
+    /// A store with the configured policy.
+    pub fn with_policy(cfg: MemStoreConfig, policy: &PolicyConfig) -> Result<Self, String> {
+        let p = policy.build()?;
+        Self::with_policy_box(cfg, p)
+    }
+
+    /// A store with an already-built policy.
+    pub fn with_policy_box(
+        cfg: MemStoreConfig,
+        policy: Box<dyn EvictionPolicy>,
+    ) -> Result<Self, String> {
+        cfg.validate()?;
+        Ok(Self {
+            cfg,
+            policy,
+            index: FxHashMap::default(),
+            slots: Vec::new(),
+            metas: Vec::new(),
+            free: Vec::new(),
+            used_bytes: 0,
+            objects: 0,
+            seq: 0,
+            need_eviction: false,
+            next_tick: 0,
+            last_now: 0,
+            stats: StoreStats::default(),
+            victims: Vec::new(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MemStoreConfig {
+        &self.cfg
+    }
+    /// The policy's name.
+    pub fn policy_name(&self) -> &str {
+        self.policy.name()
+    }
+    /// Counters.
+    pub fn stats(&self) -> &StoreStats {
+        &self.stats
+    }
+    /// Bytes allocated (in-progress puts included).
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
+    }
+    /// Objects held (in-progress puts included).
+    pub fn len(&self) -> u64 {
+        self.objects
+    }
+    /// True when the store holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.objects == 0
+    }
+    /// Every slot's meta, indexed by `ObjId` (free slots have `live == false`).
+    pub fn metas(&self) -> &[ObjectMeta] {
+        &self.metas
+    }
+    /// Meta of `key`, without granting a lease (an admin view, like `/query_key`).
+    pub fn peek<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<&ObjectMeta>
+    where
+        K: Borrow<Q>,
+    {
+        self.index.get(key).map(|id| &self.metas[id.index()])
+    }
+    /// Key of a live slot.
+    pub fn key_of(&self, id: ObjId) -> Option<&K> {
+        self.slots.get(id.index()).and_then(|s| s.key.as_ref())
+    }
+    /// Live keys, in slot order (an admin view, like `/get_all_keys`; grants no lease).
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.slots.iter().filter_map(|s| s.key.as_ref())
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Run the eviction ticks due by `now`. Called at the start of every operation.
+    pub fn advance(&mut self, now: Nanos) {
+        let now = now.max(self.last_now);
+        self.last_now = now;
+        let iv = self.cfg.eviction_interval_ns;
+        if iv == 0 {
+            return;
+        }
+        if self.next_tick == 0 {
+            // First call: ticks are aligned to multiples of the interval.
+            self.next_tick = (now / iv) * iv + iv;
+            return;
+        }
+        while self.next_tick <= now {
+            let t = self.next_tick;
+            if !self.trigger() {
+                // Nothing changes until the next call: skip to the first tick after `now`.
+                self.next_tick = (now / iv) * iv + iv;
+                break;
+            }
+            let last_due = (now / iv) * iv;
+            if self.batch_evict(t) == 0 {
+                // Nothing evictable at `t`; only lease expiry changes that before `now`,
+                // so run once more at the last due tick and stop.
+                if last_due > t && self.trigger() {
+                    self.batch_evict(last_due);
+                }
+                self.next_tick = last_due + iv;
+                break;
+            }
+            self.next_tick = t + iv;
+        }
+    }
+
+    /// End-of-call hook: synchronous mode evicts here.
+    fn settle(&mut self, now: Nanos) {
+        if self.cfg.eviction_interval_ns == 0 {
+            while self.trigger() {
+                if self.batch_evict(now) == 0 {
+                    break;
+                }
+            }
+        }
+    }
+
+    fn used_ratio(&self) -> f64 {
+        self.used_bytes as f64 / self.cfg.capacity_bytes as f64
+    }
+
+    fn trigger(&self) -> bool {
+        self.used_ratio() > self.cfg.high_watermark
+            || (self.need_eviction && self.cfg.eviction_ratio > 0.0)
+    }
+
+    /// One run of the master's `BatchEvict` at `now`. Returns the number evicted.
+    fn batch_evict(&mut self, now: Nanos) -> u64 {
+        let used = self.used_ratio();
+        let hwm = self.cfg.high_watermark;
+        let ratio = self.cfg.eviction_ratio;
+        let target = ratio.max(used - hwm + ratio);
+        let lower = (target * 0.5).max(used - hwm);
+        let n = self.objects as f64;
+        let req = EvictRequest {
+            now,
+            target: (n * target).ceil() as u64,
+            lower_bound: (n * lower).ceil() as u64,
+            object_count: self.objects,
+            used_bytes: self.used_bytes,
+            capacity_bytes: self.cfg.capacity_bytes,
+            allow_soft_pinned: self.cfg.allow_evict_soft_pinned,
+        };
+        let mut victims = std::mem::take(&mut self.victims);
+        victims.clear();
+        self.policy.select_victims(&req, &self.metas, &mut victims);
+        let mut evicted = 0;
+        for &id in &victims {
+            let ok = match self.metas.get(id.index()).map(|m| m.candidate(now)) {
+                Some(Candidate::Unpinned) => true,
+                Some(Candidate::SoftPinned) => self.cfg.allow_evict_soft_pinned,
+                _ => false,
+            };
+            if !ok {
+                self.stats.policy_refused += 1;
+                continue;
+            }
+            let m = &self.metas[id.index()];
+            let t = &mut self.stats.by_type[m.data_type.index()];
+            t.evicted += 1;
+            t.evicted_bytes += m.size;
+            self.free_slot(id);
+            evicted += 1;
+        }
+        self.victims = victims;
+        self.stats.eviction_runs += 1;
+        if evicted > 0 {
+            self.need_eviction = false;
+        } else {
+            self.stats.eviction_runs_empty += 1;
+            if self.objects == 0 {
+                self.need_eviction = false;
+            }
+        }
+        evicted
+    }
+
+    fn free_slot(&mut self, id: ObjId) {
+        self.policy.on_remove(id, &self.metas[id.index()]);
+        let slot = &mut self.slots[id.index()];
+        if let Some(k) = slot.key.take() {
+            self.index.remove(&k);
+        }
+        slot.payload = None;
+        let m = &mut self.metas[id.index()];
+        let t = &mut self.stats.by_type[m.data_type.index()];
+        t.resident -= 1;
+        t.resident_bytes -= m.size;
+        self.used_bytes -= m.size;
+        self.objects -= 1;
+        *m = EMPTY_META;
+        self.free.push(id);
+    }
+
+    /// Reserve space for `key` (put start) with driver hints.
+    pub fn put_start_with(
+        &mut self,
+        now: Nanos,
+        key: K,
+        size: u64,
+        cfg: &ReplicateConfig,
+        hints: AccessHints,
+    ) -> StoreResult<ObjId> {
+        self.advance(now);
+        let r = self.put_start_inner(now, key, size, cfg, hints);
+        self.settle(now);
+        r
+    }
+
+    fn put_start_inner(
+        &mut self,
+        now: Nanos,
+        key: K,
+        size: u64,
+        cfg: &ReplicateConfig,
+        hints: AccessHints,
+    ) -> StoreResult<ObjId> {
+        if let Some(&id) = self.index.get(&key) {
+            let m = &self.metas[id.index()];
+            if m.complete
+                || now
+                    < m.put_time
+                        .saturating_add(self.cfg.put_start_discard_timeout_ns)
+            {
+                self.stats.put_exists += 1;
+                return Err(StoreError::AlreadyExists);
+            }
+            // A put abandoned for longer than the discard timeout: replace it.
+            self.free_slot(id);
+        }
+        if self.used_bytes.saturating_add(size) > self.cfg.capacity_bytes {
+            self.need_eviction = true;
+            self.stats.by_type[cfg.data_type.index()].put_no_space += 1;
+            return Err(StoreError::NoAvailableHandle);
+        }
+        let seq = self.next_seq();
+        let meta = ObjectMeta {
+            live: true,
+            size,
+            data_type: cfg.data_type,
+            hard_pinned: cfg.hard_pin,
+            soft_pin_until: cfg
+                .soft_pin
+                .then(|| now.saturating_add(self.cfg.soft_pin_ttl_ns)),
+            lease_timeout: now,
+            complete: false,
+            readers: 0,
+            put_time: now,
+            insert_seq: seq,
+            last_access: now,
+            last_access_seq: seq,
+            access_count: 0,
+            hints,
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.slots[id.index()] = Slot {
+                    key: Some(key.clone()),
+                    payload: None,
+                };
+                self.metas[id.index()] = meta;
+                id
+            }
+            None => {
+                let id = ObjId(
+                    u32::try_from(self.slots.len()).map_err(|_| StoreError::NoAvailableHandle)?,
+                );
+                self.slots.push(Slot {
+                    key: Some(key.clone()),
+                    payload: None,
+                });
+                self.metas.push(meta);
+                id
+            }
+        };
+        self.index.insert(key, id);
+        self.used_bytes += size;
+        self.objects += 1;
+        let t = &mut self.stats.by_type[cfg.data_type.index()];
+        t.resident += 1;
+        t.resident_bytes += size;
+        self.policy.on_insert(id, &self.metas[id.index()]);
+        Ok(id)
+    }
+
+    /// Complete a put in progress.
+    pub fn put_end_with<Q: Hash + Eq + ?Sized>(
+        &mut self,
+        now: Nanos,
+        key: &Q,
+        payload: Payload,
+    ) -> StoreResult<()>
+    where
+        K: Borrow<Q>,
+    {
+        self.advance(now);
+        let r = (|| {
+            let id = *self.index.get(key).ok_or(StoreError::NotFound)?;
+            let m = &mut self.metas[id.index()];
+            if m.complete {
+                return Err(StoreError::AlreadyExists);
+            }
+            if payload.len() != m.size {
+                return Err(StoreError::InvalidParams(format!(
+                    "put_end of {} bytes for a put_start of {} bytes",
+                    payload.len(),
+                    m.size
+                )));
+            }
+            m.complete = true;
+            // The object takes no lease: its lease timeout is its completion time.
+            m.lease_timeout = now;
+            let t = &mut self.stats.by_type[m.data_type.index()];
+            t.puts += 1;
+            t.put_bytes += m.size;
+            self.slots[id.index()].payload = Some(payload);
+            Ok(())
+        })();
+        self.settle(now);
+        r
+    }
+
+    /// Abandon a put in progress.
+    pub fn put_revoke_with<Q: Hash + Eq + ?Sized>(&mut self, now: Nanos, key: &Q) -> StoreResult<()>
+    where
+        K: Borrow<Q>,
+    {
+        self.advance(now);
+        let r = match self.index.get(key).copied() {
+            None => Err(StoreError::NotFound),
+            Some(id) if self.metas[id.index()].complete => Err(StoreError::AlreadyExists),
+            Some(id) => {
+                self.free_slot(id);
+                Ok(())
+            }
+        };
+        self.settle(now);
+        r
+    }
+
+    /// Put start + end in one call, with hints. Returns the slot.
+    pub fn put_with(
+        &mut self,
+        now: Nanos,
+        key: K,
+        payload: Payload,
+        cfg: &ReplicateConfig,
+        hints: AccessHints,
+    ) -> StoreResult<ObjId> {
+        self.advance(now);
+        let r = self
+            .put_start_inner(now, key, payload.len(), cfg, hints)
+            .map(|id| {
+                let m = &mut self.metas[id.index()];
+                m.complete = true;
+                let t = &mut self.stats.by_type[m.data_type.index()];
+                t.puts += 1;
+                t.put_bytes += m.size;
+                self.slots[id.index()].payload = Some(payload);
+                id
+            });
+        self.settle(now);
+        r
+    }
+
+    /// The lease-granting read all gets share: find a complete object and lease it.
+    fn read<Q: Hash + Eq + ?Sized>(
+        &mut self,
+        now: Nanos,
+        key: &Q,
+        hints: Option<AccessHints>,
+    ) -> StoreResult<ObjId>
+    where
+        K: Borrow<Q>,
+    {
+        self.advance(now);
+        let Some(&id) = self.index.get(key) else {
+            self.stats.read_misses += 1;
+            return Err(StoreError::NotFound);
+        };
+        if !self.metas[id.index()].complete {
+            self.stats.read_misses += 1;
+            return Err(StoreError::NotReady);
+        }
+        let seq = self.next_seq();
+        let ttl = self.cfg.kv_lease_ttl_ns;
+        let m = &mut self.metas[id.index()];
+        m.lease_timeout = m.lease_timeout.max(now.saturating_add(ttl));
+        m.last_access = now;
+        m.last_access_seq = seq;
+        m.access_count += 1;
+        if let Some(h) = hints {
+            m.hints = h;
+        }
+        self.stats.read_hits += 1;
+        self.policy.on_access(id, &self.metas[id.index()]);
+        Ok(id)
+    }
+
+    /// Read `key` into `buf` (grants a lease); returns the object size.
+    pub fn get_into_with<Q: Hash + Eq + ?Sized>(
+        &mut self,
+        now: Nanos,
+        key: &Q,
+        buf: &mut [u8],
+        hints: Option<AccessHints>,
+    ) -> StoreResult<u64>
+    where
+        K: Borrow<Q>,
+    {
+        let id = self.read(now, key, hints)?;
+        let size = self.metas[id.index()].size;
+        let r = match &self.slots[id.index()].payload {
+            Some(Payload::Bytes(b)) => {
+                if (buf.len() as u64) < size {
+                    Err(StoreError::BufferTooSmall {
+                        needed: size,
+                        capacity: buf.len() as u64,
+                    })
+                } else {
+                    buf[..b.len()].copy_from_slice(b);
+                    Ok(size)
+                }
+            }
+            _ => Err(StoreError::SizeOnly),
+        };
+        self.settle(now);
+        r
+    }
+
+    /// Read `key` without moving bytes (grants a lease); returns the object size.
+    pub fn get_size_with<Q: Hash + Eq + ?Sized>(
+        &mut self,
+        now: Nanos,
+        key: &Q,
+        hints: Option<AccessHints>,
+    ) -> StoreResult<u64>
+    where
+        K: Borrow<Q>,
+    {
+        let r = self
+            .read(now, key, hints)
+            .map(|id| self.metas[id.index()].size);
+        self.settle(now);
+        r
+    }
+
+    /// Whether a complete object exists (grants a lease when it does).
+    pub fn exists_with<Q: Hash + Eq + ?Sized>(&mut self, now: Nanos, key: &Q) -> StoreResult<bool>
+    where
+        K: Borrow<Q>,
+    {
+        let r = match self.read(now, key, None) {
+            Ok(_) => Ok(true),
+            Err(StoreError::NotFound | StoreError::NotReady) => Ok(false),
+            Err(e) => Err(e),
+        };
+        self.settle(now);
+        r
+    }
+
+    /// Remove `key`; without `force` a leased object stays and `HasLease` is returned.
+    pub fn remove_with<Q: Hash + Eq + ?Sized>(
+        &mut self,
+        now: Nanos,
+        key: &Q,
+        force: bool,
+    ) -> StoreResult<()>
+    where
+        K: Borrow<Q>,
+    {
+        self.advance(now);
+        let r = match self.index.get(key).copied() {
+            None => Err(StoreError::NotFound),
+            Some(id) => {
+                let m = &self.metas[id.index()];
+                if !m.complete {
+                    Err(StoreError::NotReady)
+                } else if !force && now < m.lease_timeout {
+                    Err(StoreError::HasLease)
+                } else {
+                    self.free_slot(id);
+                    self.stats.removed += 1;
+                    Ok(())
+                }
+            }
+        };
+        self.settle(now);
+        r
+    }
+}
+
+impl Store for MemStore<String> {
+    fn put_start(
+        &mut self,
+        now: Nanos,
+        key: &str,
+        size: u64,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        self.put_start_with(now, key.to_owned(), size, cfg, AccessHints::default())
+            .map(|_| ())
+    }
+    fn put_end(&mut self, now: Nanos, key: &str, payload: Payload) -> StoreResult<()> {
+        self.put_end_with(now, key, payload)
+    }
+    fn put_revoke(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
+        self.put_revoke_with(now, key)
+    }
+    fn put(
+        &mut self,
+        now: Nanos,
+        key: &str,
+        payload: Payload,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        self.put_with(now, key.to_owned(), payload, cfg, AccessHints::default())
+            .map(|_| ())
+    }
+    fn get_into(&mut self, now: Nanos, key: &str, buf: &mut [u8]) -> StoreResult<u64> {
+        self.get_into_with(now, key, buf, None)
+    }
+    fn get_size(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
+        self.get_size_with(now, key, None)
+    }
+    fn exists(&mut self, now: Nanos, key: &str) -> StoreResult<bool> {
+        self.exists_with(now, key)
+    }
+    fn remove(&mut self, now: Nanos, key: &str, force: bool) -> StoreResult<()> {
+        self.remove_with(now, key, force)
+    }
+}
