@@ -13,6 +13,7 @@
 
 mod error;
 mod mem;
+pub mod policies;
 pub mod policy;
 
 pub use error::{StoreError, StoreResult};

@@ -1,0 +1,1 @@
+//! Eviction policies beyond `mooncake-default` (issue 5). Being written.
