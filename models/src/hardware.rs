@@ -1,0 +1,371 @@
+//! Hardware profiles: what one accelerator (or a CPU host) can do, as data.
+//!
+//! A profile has two parts. The spec-sheet part (`peak_bf16_flops_per_s`,
+//! `hbm_bytes_per_s`, `hbm_capacity_bytes`) is copied from vendor datasheets and is never
+//! fitted. The calibratable part ([`Efficiency`], [`Overheads`], [`Links`], [`Host`]) holds
+//! every factor the cost model multiplies those peaks by; the defaults in the built-in
+//! files are either measurements (TCP bandwidths, from seed 002) or stated guesses, and
+//! [`crate::calibrate()`] replaces them with values fitted from measured samples.
+//!
+//! Built-in profiles are embedded in the binary (`b200`, `h200`, `h100`, `cpu`); a user
+//! file with the same fields loads through [`HardwareProfile::from_path`]. Unknown fields
+//! and impossible values are errors that name the field.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{check_fraction, check_nonzero, check_positive, FieldError, ModelError};
+use crate::to_ns;
+
+/// Built-in profiles: (name, file under `data/hardware/`, text).
+const BUILTIN: [(&str, &str, &str); 4] = [
+    (
+        "b200",
+        "b200.toml",
+        include_str!("../data/hardware/b200.toml"),
+    ),
+    (
+        "h200",
+        "h200.toml",
+        include_str!("../data/hardware/h200.toml"),
+    ),
+    (
+        "h100",
+        "h100.toml",
+        include_str!("../data/hardware/h100.toml"),
+    ),
+    ("cpu", "cpu.toml", include_str!("../data/hardware/cpu.toml")),
+];
+
+/// One accelerator (or a CPU host): spec-sheet peaks plus calibratable efficiency factors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HardwareProfile {
+    /// Short name used by [`HardwareProfile::by_name`] (`h200`).
+    pub name: String,
+    /// One line saying which SKU this is and where the numbers come from.
+    pub description: String,
+    /// Peak dense (no sparsity) BF16 tensor throughput of one device, FLOP/s.
+    pub peak_bf16_flops_per_s: f64,
+    /// Peak memory bandwidth of one device (HBM; host DRAM for a CPU profile), bytes/s.
+    pub hbm_bytes_per_s: f64,
+    /// Memory capacity of one device, bytes.
+    pub hbm_capacity_bytes: u64,
+    /// Fractions of the peaks that real kernels reach.
+    pub efficiency: Efficiency,
+    /// Fixed time per batch, chunk or iteration on top of the rooflines.
+    pub overheads: Overheads,
+    /// Interconnects this device can use, each optional.
+    pub links: Links,
+    /// The host CPU, for work done before the GPU (content fingerprints).
+    pub host: Host,
+}
+
+/// Fractions of peak that kernels reach; each in (0, 1]. All calibratable.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Efficiency {
+    /// Model FLOP utilisation of the vision encoder (ViT + merger).
+    pub encoder_mfu: f64,
+    /// Model FLOP utilisation of LLM prefill (linear layers and attention).
+    pub prefill_mfu: f64,
+    /// Model FLOP utilisation of a decode iteration when it is compute-bound.
+    pub decode_mfu: f64,
+    /// Fraction of peak memory bandwidth reached when streaming weights and KV.
+    pub hbm_efficiency: f64,
+}
+
+/// Fixed costs per unit of work (kernel launches, scheduling, sampling), ns. Calibratable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Overheads {
+    /// Per vision-encoder batch, ns.
+    pub encoder_batch_ns: u64,
+    /// Per prefill chunk (one forward pass), ns.
+    pub prefill_chunk_ns: u64,
+    /// Per decode iteration (one forward pass of the whole batch), ns.
+    pub decode_iter_ns: u64,
+}
+
+/// The interconnects of a device; a missing one cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Links {
+    /// GPU-to-GPU inside a node (also carries tensor-parallel all-reduces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink: Option<Link>,
+    /// Node-to-node RDMA (one NIC per GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma: Option<Link>,
+    /// TCP through Mooncake's transfer engine (what seed 002 measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<Link>,
+    /// Host-to-device and device-to-host copies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie: Option<Link>,
+}
+
+/// One interconnect: a fixed latency plus bytes over a per-direction bandwidth.
+///
+/// `put` is the sender-to-store (or sender-to-peer) direction and `get` the reverse.
+/// KV cache can have its own bandwidths because it moves as many page-sized pieces where
+/// an encoder output moves as one blob (seed 002 measured KV puts at under half the
+/// encoder-output put bandwidth over the same TCP path); absent, KV uses `put`/`get`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    /// Fixed time per transfer (software + wire), ns.
+    pub latency_ns: u64,
+    /// Bandwidth of a put (encoder outputs and general objects), bytes/s.
+    pub put_bytes_per_s: f64,
+    /// Bandwidth of a get (encoder outputs and general objects), bytes/s.
+    pub get_bytes_per_s: f64,
+    /// Bandwidth of a KV-cache put, bytes/s; `put_bytes_per_s` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_put_bytes_per_s: Option<f64>,
+    /// Bandwidth of a KV-cache get, bytes/s; `get_bytes_per_s` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_get_bytes_per_s: Option<f64>,
+}
+
+/// The host CPU of a node. Calibratable.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Host {
+    /// Single-thread BLAKE2b throughput over the processed pixel tensor, bytes/s.
+    pub fingerprint_bytes_per_s: f64,
+    /// Fixed cost per fingerprint (hashing the model fingerprint, grid, shape), ns.
+    pub fingerprint_overhead_ns: u64,
+}
+
+/// Which interconnect a transfer uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkKind {
+    /// GPU-to-GPU inside a node.
+    Nvlink,
+    /// Node-to-node RDMA.
+    Rdma,
+    /// TCP.
+    Tcp,
+    /// Host-device copies.
+    Pcie,
+}
+
+impl LinkKind {
+    /// Every link kind, in file order.
+    pub const ALL: [LinkKind; 4] = [
+        LinkKind::Nvlink,
+        LinkKind::Rdma,
+        LinkKind::Tcp,
+        LinkKind::Pcie,
+    ];
+
+    /// The TOML key of this link (`nvlink`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LinkKind::Nvlink => "nvlink",
+            LinkKind::Rdma => "rdma",
+            LinkKind::Tcp => "tcp",
+            LinkKind::Pcie => "pcie",
+        }
+    }
+}
+
+/// Direction and payload of a transfer; selects one of a [`Link`]'s bandwidths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Flow {
+    /// Encoder output or general object, towards the store or peer.
+    Put,
+    /// Encoder output or general object, from the store or peer.
+    Get,
+    /// KV cache towards the store or peer.
+    KvPut,
+    /// KV cache from the store or peer.
+    KvGet,
+}
+
+impl Flow {
+    /// Every flow, in file order.
+    pub const ALL: [Flow; 4] = [Flow::Put, Flow::Get, Flow::KvPut, Flow::KvGet];
+
+    /// The TOML key of this flow's bandwidth (`kv_put_bytes_per_s`).
+    pub const fn field(self) -> &'static str {
+        match self {
+            Flow::Put => "put_bytes_per_s",
+            Flow::Get => "get_bytes_per_s",
+            Flow::KvPut => "kv_put_bytes_per_s",
+            Flow::KvGet => "kv_get_bytes_per_s",
+        }
+    }
+}
+
+impl Link {
+    /// The bandwidth a transfer of this flow gets, bytes/s.
+    #[inline]
+    pub fn bytes_per_s(&self, flow: Flow) -> f64 {
+        match flow {
+            Flow::Put => self.put_bytes_per_s,
+            Flow::Get => self.get_bytes_per_s,
+            Flow::KvPut => self.kv_put_bytes_per_s.unwrap_or(self.put_bytes_per_s),
+            Flow::KvGet => self.kv_get_bytes_per_s.unwrap_or(self.get_bytes_per_s),
+        }
+    }
+
+    /// Time to move `bytes` of `flow`: `latency_ns + ceil(bytes / bandwidth)`, ns.
+    #[inline]
+    pub fn transfer_time_ns(&self, flow: Flow, bytes: u64) -> u64 {
+        let wire = to_ns(bytes as f64 * 1e9 / self.bytes_per_s(flow));
+        self.latency_ns.saturating_add(wire)
+    }
+
+    pub(crate) fn set_bytes_per_s(&mut self, flow: Flow, value: f64) {
+        match flow {
+            Flow::Put => self.put_bytes_per_s = value,
+            Flow::Get => self.get_bytes_per_s = value,
+            Flow::KvPut => self.kv_put_bytes_per_s = Some(value),
+            Flow::KvGet => self.kv_get_bytes_per_s = Some(value),
+        }
+    }
+
+    fn check(&self, prefix: &str) -> Result<(), FieldError> {
+        check_positive(&format!("{prefix}.put_bytes_per_s"), self.put_bytes_per_s)?;
+        check_positive(&format!("{prefix}.get_bytes_per_s"), self.get_bytes_per_s)?;
+        if let Some(v) = self.kv_put_bytes_per_s {
+            check_positive(&format!("{prefix}.kv_put_bytes_per_s"), v)?;
+        }
+        if let Some(v) = self.kv_get_bytes_per_s {
+            check_positive(&format!("{prefix}.kv_get_bytes_per_s"), v)?;
+        }
+        Ok(())
+    }
+}
+
+impl Links {
+    /// The link of this kind, if the device has one.
+    #[inline]
+    pub fn get(&self, kind: LinkKind) -> Option<&Link> {
+        match kind {
+            LinkKind::Nvlink => self.nvlink.as_ref(),
+            LinkKind::Rdma => self.rdma.as_ref(),
+            LinkKind::Tcp => self.tcp.as_ref(),
+            LinkKind::Pcie => self.pcie.as_ref(),
+        }
+    }
+
+    pub(crate) fn get_mut(&mut self, kind: LinkKind) -> Option<&mut Link> {
+        match kind {
+            LinkKind::Nvlink => self.nvlink.as_mut(),
+            LinkKind::Rdma => self.rdma.as_mut(),
+            LinkKind::Tcp => self.tcp.as_mut(),
+            LinkKind::Pcie => self.pcie.as_mut(),
+        }
+    }
+}
+
+impl Host {
+    /// Time to fingerprint `bytes` of processed pixels: overhead + bytes / throughput, ns.
+    #[inline]
+    pub fn fingerprint_time_ns(&self, bytes: u64) -> u64 {
+        let hash = to_ns(bytes as f64 * 1e9 / self.fingerprint_bytes_per_s);
+        self.fingerprint_overhead_ns.saturating_add(hash)
+    }
+}
+
+impl HardwareProfile {
+    /// Names of the built-in profiles.
+    pub fn builtin_names() -> impl Iterator<Item = &'static str> {
+        BUILTIN.iter().map(|(name, _, _)| *name)
+    }
+
+    /// A built-in profile by name (case-insensitive: `h200`, `H200`).
+    pub fn by_name(name: &str) -> Result<Self, ModelError> {
+        let wanted = name.trim().to_ascii_lowercase();
+        match BUILTIN.iter().find(|(n, _, _)| *n == wanted) {
+            Some((_, file, text)) => {
+                Self::from_toml_str(text, &format!("built-in data/hardware/{file}"))
+            }
+            None => Err(ModelError::UnknownName {
+                kind: "hardware profile",
+                name: name.to_string(),
+                known: Self::builtin_names().collect::<Vec<_>>().join(", "),
+            }),
+        }
+    }
+
+    /// Every built-in profile, in the order of [`HardwareProfile::builtin_names`].
+    pub fn builtins() -> Result<Vec<Self>, ModelError> {
+        Self::builtin_names().map(Self::by_name).collect()
+    }
+
+    /// Load and validate a profile from a TOML file.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ModelError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Parse and validate a profile from TOML text; `origin` names the text in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ModelError> {
+        let profile: HardwareProfile = toml::from_str(text).map_err(|e| ModelError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        profile.validate_as(origin)?;
+        Ok(profile)
+    }
+
+    /// The profile as TOML that [`HardwareProfile::from_toml_str`] reads back unchanged.
+    pub fn to_toml_string(&self) -> Result<String, ModelError> {
+        toml::to_string(self).map_err(|e| ModelError::Write(e.to_string()))
+    }
+
+    /// Check every value; the error names the first impossible field.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        self.validate_as(&format!("hardware profile `{}`", self.name))
+    }
+
+    fn validate_as(&self, origin: &str) -> Result<(), ModelError> {
+        self.check().map_err(|e| e.at(origin))
+    }
+
+    fn check(&self) -> Result<(), FieldError> {
+        if self.name.trim().is_empty() {
+            return Err(FieldError::new("name", "expected a non-empty name"));
+        }
+        check_positive("peak_bf16_flops_per_s", self.peak_bf16_flops_per_s)?;
+        check_positive("hbm_bytes_per_s", self.hbm_bytes_per_s)?;
+        check_nonzero("hbm_capacity_bytes", self.hbm_capacity_bytes)?;
+        let e = &self.efficiency;
+        check_fraction("efficiency.encoder_mfu", e.encoder_mfu)?;
+        check_fraction("efficiency.prefill_mfu", e.prefill_mfu)?;
+        check_fraction("efficiency.decode_mfu", e.decode_mfu)?;
+        check_fraction("efficiency.hbm_efficiency", e.hbm_efficiency)?;
+        for kind in LinkKind::ALL {
+            if let Some(link) = self.links.get(kind) {
+                link.check(&format!("links.{}", kind.as_str()))?;
+            }
+        }
+        check_positive(
+            "host.fingerprint_bytes_per_s",
+            self.host.fingerprint_bytes_per_s,
+        )?;
+        Ok(())
+    }
+
+    /// The link of this kind, or an error naming the missing `links.<kind>` table.
+    pub fn link(&self, kind: LinkKind) -> Result<&Link, ModelError> {
+        self.links.get(kind).ok_or_else(|| {
+            ModelError::invalid(
+                format!("hardware profile `{}`", self.name),
+                format!("links.{}", kind.as_str()),
+                "this profile has no such link",
+            )
+        })
+    }
+}

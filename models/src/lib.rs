@@ -1,0 +1,52 @@
+//! moonagent-models: hardware profiles, model specs, cost models and their calibration.
+//!
+//! The simulator asks this crate how long every piece of work takes: a vision-encoder
+//! batch, a prefill chunk with a cached prefix, a decode iteration, a transfer over a link,
+//! a content fingerprint on the host CPU. Inputs are data, not code: [`HardwareProfile`]s
+//! (B200, H200, H100, a CPU host) and [`ModelSpec`]s (Qwen2.5-VL 3B, 7B, 72B) are TOML files
+//! embedded in the binary and also loadable from a user path, validated on load (an
+//! unknown field or an impossible value is an error naming the field). Costs are
+//! rooflines with named efficiency factors and overheads ([`cost`]); outputs are integer
+//! nanoseconds, computed without allocation and identically on every machine.
+//! [`calibrate()`] fits the factors from measured samples by least squares and reports the
+//! fit error overall, per group and per sample.
+//!
+//! ```
+//! use moonagent_models::{CostModel, HardwareProfile, ModelSpec};
+//! let hw = HardwareProfile::by_name("h200").unwrap();
+//! let model = ModelSpec::by_name("qwen2.5-vl-7b").unwrap();
+//! assert_eq!(model.kv_bytes_per_token(), 57_344);
+//! let cost = CostModel::new(&hw, &model, 1).unwrap();
+//! let step = cost.decode_iter_time_ns(1, 4096);
+//! assert!(step > 1_000_000 && step < 10_000_000); // a few ms
+//! ```
+
+pub mod calibrate;
+pub mod cost;
+pub mod error;
+pub mod hardware;
+mod lsq;
+pub mod model;
+
+pub use calibrate::{
+    calibrate, Calibration, CalibrationError, CalibrationReport, FittedParam, Group, GroupFit,
+    Param, Residual, Sample,
+};
+pub use cost::{
+    decode_iter_time_ns, encoder_time_ns, fingerprint_time_ns, prefill_time_ns, transfer_time_ns,
+    CostModel, Work,
+};
+pub use error::ModelError;
+pub use hardware::{Efficiency, Flow, HardwareProfile, Host, Link, LinkKind, Links, Overheads};
+pub use model::{Dtype, LlmSpec, ModelSpec, VisionSpec};
+
+/// Round a non-negative time in ns up to a whole ns; NaN and negatives give 0, huge
+/// values saturate at `u64::MAX`.
+#[inline]
+pub(crate) fn to_ns(x: f64) -> u64 {
+    if x > 0.0 {
+        x.ceil() as u64
+    } else {
+        0
+    }
+}
