@@ -6,6 +6,9 @@
 //! a KV page) comes back as data. The simulator drives this crate in virtual time with
 //! size-only payloads; the real backend drives it in wall time with real bytes.
 
+pub mod faulty;
+pub mod fingerprint;
 pub mod fork;
+pub mod mm_cache;
 pub mod rng;
 pub mod store;

@@ -15,9 +15,9 @@
 //! evicts synchronously at the end of the call that crossed the watermark.
 
 use std::borrow::Borrow;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxBuildHasher, FxHashMap};
 use serde::{Deserialize, Serialize};
 
 use super::policy::{EvictRequest, EvictionPolicy, ObjectMeta, PolicyConfig};
@@ -200,6 +200,7 @@ const EMPTY_META: ObjectMeta = ObjectMeta {
         tenant: 0,
         priority: 0,
     },
+    key_hash: 0,
 };
 
 impl<K: Hash + Eq + Clone> MemStore<K> {
@@ -468,6 +469,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
             last_access_seq: seq,
             access_count: 0,
             hints,
+            key_hash: FxBuildHasher.hash_one(&key),
         };
         let id = match self.free.pop() {
             Some(id) => {
@@ -565,17 +567,15 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         hints: AccessHints,
     ) -> StoreResult<ObjId> {
         self.advance(now);
-        let r = self
-            .put_start_inner(now, key, payload.len(), cfg, hints)
-            .map(|id| {
-                let m = &mut self.metas[id.index()];
-                m.complete = true;
-                let t = &mut self.stats.by_type[m.data_type.index()];
-                t.puts += 1;
-                t.put_bytes += m.size;
-                self.slots[id.index()].payload = Some(payload);
-                id
-            });
+        let r = self.put_start_inner(now, key, payload.len(), cfg, hints);
+        if let Ok(id) = r {
+            let m = &mut self.metas[id.index()];
+            m.complete = true;
+            let t = &mut self.stats.by_type[m.data_type.index()];
+            t.puts += 1;
+            t.put_bytes += m.size;
+            self.slots[id.index()].payload = Some(payload);
+        }
         self.settle(now);
         r
     }
@@ -667,7 +667,20 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
     where
         K: Borrow<Q>,
     {
-        let r = match self.read(now, key, None) {
+        self.exists_hinted(now, key, None)
+    }
+
+    /// [`MemStore::exists_with`] that also records the driver's hints on a hit.
+    pub fn exists_hinted<Q: Hash + Eq + ?Sized>(
+        &mut self,
+        now: Nanos,
+        key: &Q,
+        hints: Option<AccessHints>,
+    ) -> StoreResult<bool>
+    where
+        K: Borrow<Q>,
+    {
+        let r = match self.read(now, key, hints) {
             Ok(_) => Ok(true),
             Err(StoreError::NotFound | StoreError::NotReady) => Ok(false),
             Err(e) => Err(e),

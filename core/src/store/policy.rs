@@ -14,6 +14,10 @@ use std::fmt::Debug;
 
 use serde::{Deserialize, Serialize};
 
+use super::policies::{
+    Belady, BeladyCost, Fifo, Gdsf, Hierarchical, HierarchicalConfig, Lru, S3Fifo, S3FifoConfig,
+    TypeAware, TypeAwareConfig,
+};
 use super::{AccessHints, DataType, Nanos, ObjId};
 
 /// What a policy knows about one object slot.
@@ -48,6 +52,9 @@ pub struct ObjectMeta {
     pub access_count: u64,
     /// Driver hints of the latest access.
     pub hints: AccessHints,
+    /// A 64-bit hash of the key (FxHash), so that policies can recognise a key that comes
+    /// back after eviction (S3-FIFO's ghost queue) although its `ObjId` slot was reused.
+    pub key_hash: u64,
 }
 
 /// Whether an object may be evicted now, and in which pass.
@@ -203,26 +210,105 @@ impl EvictionPolicy for MooncakeDefault {
     }
 }
 
-/// A policy by name with its settings (serde: `{"policy": "mooncake-default", ...}`).
-/// Further policies are added here; `build` is the one place that maps names to types.
+/// A policy by name with its settings: serde's internally tagged form,
+/// `{"policy": "<name>", <settings>...}` in JSON or `policy = "<name>"` at the top of a TOML
+/// document. Unknown fields are errors everywhere. `build` is the one place that maps
+/// names to types, and says which field is invalid (by its path) when one is.
+///
+/// ```
+/// use moonagent_core::store::PolicyConfig;
+/// let p = PolicyConfig::from_json_str(
+///     r#"{"policy": "type-aware", "types": {"encoder_output":
+///         {"reuse_scale": 8.0, "eviction_grace_ms": 10000, "budget_ratio": 0.12},
+///         "kv_cache": {"budget_ratio": 0.8}}}"#,
+/// )
+/// .unwrap();
+/// assert_eq!(p.build().unwrap().name(), "type-aware");
+/// assert!(PolicyConfig::from_toml_str("policy = \"s3-fifo\"\nsmall_ratio = 0.2").is_ok());
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "policy", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum PolicyConfig {
     /// Mooncake master's default two-pass lease-ordered `BatchEvict`.
-    MooncakeDefault,
+    MooncakeDefault {},
+    /// Seed 002's type-aware ranking and budgets
+    /// ([`type_aware`](crate::store::policies::type_aware)).
+    TypeAware(TypeAwareConfig),
+    /// Assign / Evict / Fallback over a scope tree
+    /// ([`hierarchical`](crate::store::policies::hierarchical)).
+    Hierarchical(HierarchicalConfig),
+    /// Least recently used ([`lru`](crate::store::policies::lru)).
+    Lru {},
+    /// First in, first out ([`fifo`](crate::store::policies::fifo)).
+    Fifo {},
+    /// S3-FIFO, SOSP'23 ([`s3fifo`](crate::store::policies::s3fifo)).
+    S3Fifo(S3FifoConfig),
+    /// GreedyDual-Size-Frequency with cost = miss penalty ([`gdsf`](crate::store::policies::gdsf)).
+    Gdsf {},
+    /// Offline: Belady's MIN from next-access hints ([`belady`](crate::store::policies::belady)).
+    Belady {},
+    /// Offline: cost-aware oracle heuristic ([`belady_cost`](crate::store::policies::belady_cost)).
+    BeladyCost {},
 }
 
 impl Default for PolicyConfig {
     fn default() -> Self {
-        PolicyConfig::MooncakeDefault
+        PolicyConfig::MooncakeDefault {}
     }
 }
 
 impl PolicyConfig {
     /// Build the configured policy, or say which setting is invalid.
     pub fn build(&self) -> Result<Box<dyn EvictionPolicy>, String> {
+        Ok(match self {
+            PolicyConfig::MooncakeDefault {} => Box::new(MooncakeDefault::new()),
+            PolicyConfig::TypeAware(c) => Box::new(TypeAware::new(c)?),
+            PolicyConfig::Hierarchical(c) => Box::new(Hierarchical::new(c)?),
+            PolicyConfig::Lru {} => Box::new(Lru::new()),
+            PolicyConfig::Fifo {} => Box::new(Fifo::new()),
+            PolicyConfig::S3Fifo(c) => Box::new(S3Fifo::new(c)?),
+            PolicyConfig::Gdsf {} => Box::new(Gdsf::new()),
+            PolicyConfig::Belady {} => Box::new(Belady::new()),
+            PolicyConfig::BeladyCost {} => Box::new(BeladyCost::new()),
+        })
+    }
+
+    /// The policy's configuration name (`mooncake-default`, `type-aware`, ...).
+    pub fn name(&self) -> &'static str {
         match self {
-            PolicyConfig::MooncakeDefault => Ok(Box::new(MooncakeDefault::new())),
+            PolicyConfig::MooncakeDefault {} => "mooncake-default",
+            PolicyConfig::TypeAware(_) => "type-aware",
+            PolicyConfig::Hierarchical(_) => "hierarchical",
+            PolicyConfig::Lru {} => "lru",
+            PolicyConfig::Fifo {} => "fifo",
+            PolicyConfig::S3Fifo(_) => "s3-fifo",
+            PolicyConfig::Gdsf {} => "gdsf",
+            PolicyConfig::Belady {} => "belady",
+            PolicyConfig::BeladyCost {} => "belady-cost",
         }
+    }
+
+    /// Whether the policy reads `hints.next_access` (an offline oracle, not a deployable policy).
+    pub fn is_offline(&self) -> bool {
+        matches!(self, PolicyConfig::Belady {} | PolicyConfig::BeladyCost {})
+    }
+
+    /// Check every setting (as `build` does, without keeping the policy).
+    pub fn validate(&self) -> Result<(), String> {
+        self.build().map(|_| ())
+    }
+
+    /// Parse and validate a JSON policy config.
+    pub fn from_json_str(s: &str) -> Result<Self, String> {
+        let p: Self = serde_json::from_str(s).map_err(|e| format!("policy config (JSON): {e}"))?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Parse and validate a TOML policy config (the file the CLI reads).
+    pub fn from_toml_str(s: &str) -> Result<Self, String> {
+        let p: Self = toml::from_str(s).map_err(|e| format!("policy config (TOML): {e}"))?;
+        p.validate()?;
+        Ok(p)
     }
 }
