@@ -1,0 +1,140 @@
+//! Errors of the trace crate.
+//!
+//! Every problem with an input names the file, where in it (a 1-based line for JSONL and
+//! CSV, a 1-based row for Parquet, or the whole file), the field, and what was expected,
+//! so that a researcher can fix a trace without reading our code. Readers never panic on
+//! bad input: they return one of these and stop.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Where in a file a problem was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location {
+    /// The file as a whole (its header, schema or footer).
+    File,
+    /// A 1-based line of a text file (JSONL, CSV); the JSONL header is line 1.
+    Line(u64),
+    /// A 1-based data row of a Parquet file.
+    Row(u64),
+    /// The n-th (1-based) request handed to a writer.
+    Request(u64),
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::File => f.write_str("file"),
+            Location::Line(n) => write!(f, "line {n}"),
+            Location::Row(n) => write!(f, "row {n}"),
+            Location::Request(n) => write!(f, "request {n}"),
+        }
+    }
+}
+
+/// An error reading, writing, generating or importing a trace.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The operating system refused a read or write.
+    #[error("{}: {source}", file.display())]
+    Io {
+        /// The file involved.
+        file: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The input is malformed or breaks a rule of the schema.
+    #[error("{}: {at}: field `{field}`: {problem}", file.display())]
+    Invalid {
+        /// The file involved.
+        file: PathBuf,
+        /// Where in the file.
+        at: Location,
+        /// The field at fault (dotted path such as `images[1].visual_tokens`).
+        field: String,
+        /// What is wrong and what was expected.
+        problem: String,
+    },
+    /// A generator or importer configuration is not usable.
+    #[error("config: field `{field}`: {problem}")]
+    Config {
+        /// The knob at fault.
+        field: String,
+        /// What is wrong and what was expected.
+        problem: String,
+    },
+}
+
+impl TraceError {
+    /// An I/O error on `file`.
+    pub fn io(file: &Path, source: std::io::Error) -> Self {
+        TraceError::Io {
+            file: file.to_path_buf(),
+            source,
+        }
+    }
+
+    /// An input error at `at` in `file`.
+    pub fn invalid(
+        file: &Path,
+        at: Location,
+        field: impl Into<String>,
+        problem: impl Into<String>,
+    ) -> Self {
+        TraceError::Invalid {
+            file: file.to_path_buf(),
+            at,
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A configuration error.
+    pub fn config(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        TraceError::Config {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// The field named by an input error, if any.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            TraceError::Invalid { field, .. } | TraceError::Config { field, .. } => Some(field),
+            TraceError::Io { .. } => None,
+        }
+    }
+
+    /// The location of an input error, if any.
+    pub fn location(&self) -> Option<Location> {
+        match self {
+            TraceError::Invalid { at, .. } => Some(*at),
+            _ => None,
+        }
+    }
+}
+
+/// A rule broken by one record, before the reader adds file and location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The field at fault.
+    pub field: String,
+    /// What is wrong and what was expected.
+    pub problem: String,
+}
+
+impl FieldError {
+    /// A new field error.
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// Attach the file and location.
+    pub fn at(self, file: &Path, at: Location) -> TraceError {
+        TraceError::invalid(file, at, self.field, self.problem)
+    }
+}

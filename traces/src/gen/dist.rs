@@ -1,0 +1,260 @@
+//! Samplers over [`moonagent_core::rng::Rng`]: normal, Gamma (Marsaglia-Tsang), Weibull,
+//! inter-arrival processes scaled to a mean, and discrete distributions given as
+//! `{value: probability}` tables. Written here rather than taken from `rand_distr` so a
+//! seed gives the same trace across dependency upgrades.
+
+use moonagent_core::rng::Rng;
+
+/// Standard normal by Box-Muller (one of the pair; the other is discarded for simplicity).
+pub fn std_normal(rng: &mut Rng) -> f64 {
+    let u1 = 1.0 - rng.next_f64(); // (0, 1]
+    let u2 = rng.next_f64();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// Gamma(shape, scale) by Marsaglia and Tsang (2000); shape < 1 by the `U^(1/shape)` boost.
+pub fn gamma(rng: &mut Rng, shape: f64, scale: f64) -> f64 {
+    if !(shape > 0.0 && scale > 0.0) {
+        return 0.0;
+    }
+    if shape < 1.0 {
+        let u = 1.0 - rng.next_f64();
+        return gamma(rng, shape + 1.0, scale) * u.powf(1.0 / shape);
+    }
+    let d = shape - 1.0 / 3.0;
+    let c = 1.0 / (9.0 * d).sqrt();
+    loop {
+        let x = std_normal(rng);
+        let v = 1.0 + c * x;
+        if v <= 0.0 {
+            continue;
+        }
+        let v = v * v * v;
+        let u = 1.0 - rng.next_f64();
+        if u < 1.0 - 0.0331 * x.powi(4) || u.ln() < 0.5 * x * x + d * (1.0 - v + v.ln()) {
+            return d * v * scale;
+        }
+    }
+}
+
+/// Weibull(shape, scale) by inverse transform.
+pub fn weibull(rng: &mut Rng, shape: f64, scale: f64) -> f64 {
+    if !(shape > 0.0 && scale > 0.0) {
+        return 0.0;
+    }
+    let u = rng.next_f64();
+    scale * (-(1.0 - u).ln()).powf(1.0 / shape)
+}
+
+/// The Gamma function for positive arguments (Lanczos, g = 7, n = 9).
+pub fn gamma_fn(x: f64) -> f64 {
+    const G: f64 = 7.0;
+    const C: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    if x < 0.5 {
+        return std::f64::consts::PI / ((std::f64::consts::PI * x).sin() * gamma_fn(1.0 - x));
+    }
+    let x = x - 1.0;
+    let mut a = C[0];
+    let t = x + G + 0.5;
+    for (i, c) in C.iter().enumerate().skip(1) {
+        a += c / (x + i as f64);
+    }
+    (std::f64::consts::TAU).sqrt() * t.powf(x + 0.5) * (-t).exp() * a
+}
+
+/// The shape of an inter-arrival distribution; its scale is set from the mean gap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum InterArrival {
+    /// Exponential gaps (a Poisson process).
+    Exponential,
+    /// Gamma gaps with this shape (CV = 1/sqrt(shape)).
+    Gamma {
+        /// Shape parameter k.
+        shape: f64,
+    },
+    /// Weibull gaps with this shape.
+    Weibull {
+        /// Shape parameter k.
+        shape: f64,
+    },
+}
+
+impl InterArrival {
+    /// One gap in seconds with mean `mean_s`.
+    pub fn sample(&self, rng: &mut Rng, mean_s: f64) -> f64 {
+        match *self {
+            InterArrival::Exponential => rng.exp(mean_s),
+            InterArrival::Gamma { shape } => gamma(rng, shape, mean_s / shape),
+            InterArrival::Weibull { shape } => {
+                weibull(rng, shape, mean_s / gamma_fn(1.0 + 1.0 / shape))
+            }
+        }
+    }
+}
+
+/// Seconds to integer nanoseconds (rounded, saturating).
+pub fn secs_to_ns(s: f64) -> u64 {
+    if s.is_nan() || s <= 0.0 {
+        0
+    } else if s >= u64::MAX as f64 / 1e9 {
+        u64::MAX
+    } else {
+        (s * 1e9).round() as u64
+    }
+}
+
+/// A discrete distribution over integers, sampled by inverse CDF.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Discrete {
+    values: Vec<u64>,
+    cum: Vec<f64>,
+}
+
+impl Discrete {
+    /// From `(value, weight)` pairs; weights need not sum to 1. `None` if empty or all zero.
+    pub fn new(pairs: &[(u64, f64)]) -> Option<Self> {
+        let mut values = Vec::with_capacity(pairs.len());
+        let mut cum = Vec::with_capacity(pairs.len());
+        let mut total = 0.0;
+        for &(v, w) in pairs {
+            if w.is_finite() && w > 0.0 {
+                total += w;
+                values.push(v);
+                cum.push(total);
+            }
+        }
+        if values.is_empty() {
+            return None;
+        }
+        Some(Self { values, cum })
+    }
+
+    /// One sample.
+    pub fn sample(&self, rng: &mut Rng) -> u64 {
+        let total = self.cum[self.cum.len() - 1];
+        let u = rng.next_f64() * total;
+        let i = self.cum.partition_point(|&c| c <= u);
+        self.values[i.min(self.values.len() - 1)]
+    }
+
+    /// The mean.
+    pub fn mean(&self) -> f64 {
+        let total = self.cum[self.cum.len() - 1];
+        let mut prev = 0.0;
+        let mut m = 0.0;
+        for (v, c) in self.values.iter().zip(&self.cum) {
+            m += *v as f64 * (c - prev);
+            prev = *c;
+        }
+        m / total
+    }
+}
+
+/// Parse a Python-style dict of `{int: probability}` (ServeGen's dataset cells).
+pub fn parse_py_dict(s: &str) -> Result<Vec<(u64, f64)>, String> {
+    let t = s.trim();
+    let inner = t
+        .strip_prefix('{')
+        .and_then(|x| x.strip_suffix('}'))
+        .ok_or_else(|| {
+            format!(
+                "expected a {{value: probability}} dict, found {:?}",
+                short(t)
+            )
+        })?;
+    let mut out = Vec::new();
+    if inner.trim().is_empty() {
+        return Ok(out);
+    }
+    for item in inner.split(',') {
+        let item = item.trim();
+        if item.is_empty() {
+            continue;
+        }
+        let (k, v) = item
+            .split_once(':')
+            .ok_or_else(|| format!("expected `value: probability`, found {:?}", short(item)))?;
+        let k = k.trim();
+        let key: u64 = match k.parse::<u64>() {
+            Ok(x) => x,
+            Err(_) => {
+                // Accept integral floats such as `3.0`.
+                let f: f64 = k
+                    .parse()
+                    .map_err(|_| format!("expected an integer key, found {:?}", short(k)))?;
+                if f.fract() != 0.0 || f < 0.0 || !f.is_finite() {
+                    return Err(format!("expected a non-negative integer key, found {k}"));
+                }
+                f as u64
+            }
+        };
+        let p: f64 = v
+            .trim()
+            .parse()
+            .map_err(|_| format!("expected a probability, found {:?}", short(v.trim())))?;
+        if !(p.is_finite() && p >= 0.0) {
+            return Err(format!("expected a non-negative probability, found {p}"));
+        }
+        out.push((key, p));
+    }
+    Ok(out)
+}
+
+fn short(s: &str) -> String {
+    s.chars().take(40).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mean_cv(xs: &[f64]) -> (f64, f64) {
+        let n = xs.len() as f64;
+        let m = xs.iter().sum::<f64>() / n;
+        let v = xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / n;
+        (m, v.sqrt() / m)
+    }
+
+    #[test]
+    fn interarrival_samplers_hit_mean_and_cv() {
+        let mut rng = Rng::new(1);
+        for (ia, want_cv) in [
+            (InterArrival::Exponential, 1.0),
+            (InterArrival::Gamma { shape: 4.0 }, 0.5),
+            (InterArrival::Gamma { shape: 0.5 }, 2f64.sqrt()),
+            (InterArrival::Weibull { shape: 1.0 }, 1.0),
+        ] {
+            let xs: Vec<f64> = (0..200_000).map(|_| ia.sample(&mut rng, 2.0)).collect();
+            let (m, cv) = mean_cv(&xs);
+            assert!((m - 2.0).abs() < 0.03, "{ia:?} mean {m}");
+            assert!((cv - want_cv).abs() < 0.03, "{ia:?} cv {cv}");
+        }
+    }
+
+    #[test]
+    fn gamma_fn_known_values() {
+        assert!((gamma_fn(5.0) - 24.0).abs() < 1e-9);
+        assert!((gamma_fn(0.5) - std::f64::consts::PI.sqrt()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn py_dict_parses_and_samples() {
+        let d = parse_py_dict("{136: 0.25, 372: 7.5e-01}").unwrap();
+        assert_eq!(d, vec![(136, 0.25), (372, 0.75)]);
+        let disc = Discrete::new(&d).unwrap();
+        assert!((disc.mean() - (136.0 * 0.25 + 372.0 * 0.75)).abs() < 1e-9);
+        assert!(parse_py_dict("{}").unwrap().is_empty());
+        assert!(parse_py_dict("[1]").is_err());
+        assert!(parse_py_dict("{a: 1}").is_err());
+    }
+}

@@ -1,0 +1,381 @@
+//! JSONL: the human-readable format.
+//!
+//! Line 1 is `{"header": {...}}`; every further non-blank line is one request object.
+//! The reader keeps one line buffer (constant memory in trace length), parses with
+//! field-path tracking so that a type error names the field (`images[1].visual_tokens`),
+//! and runs the [`Validator`] on each record.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{FieldError, Location, TraceError};
+use crate::schema::{Request, TraceHeader, Validator, SCHEMA_VERSION};
+
+/// Longest line a reader accepts (a guard against reading a binary file as text).
+pub const MAX_LINE_BYTES: usize = 256 << 20;
+
+#[derive(Serialize)]
+struct HeaderLineRef<'a> {
+    header: &'a TraceHeader,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeaderLine {
+    header: TraceHeader,
+}
+
+/// The key being written where a truncated JSON line stops: the last complete `"key":`,
+/// or the partial key after it. Only used to name the field of a truncated line.
+fn key_at_end(bytes: &[u8]) -> Option<String> {
+    let mut last_key: Option<(usize, usize)> = None;
+    let mut i = 0;
+    let mut open: Option<usize> = None;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' if open.is_some() => i += 1,
+            b'"' => match open.take() {
+                None => open = Some(i + 1),
+                Some(start) => {
+                    let mut j = i + 1;
+                    while j < bytes.len() && bytes[j].is_ascii_whitespace() {
+                        j += 1;
+                    }
+                    if j < bytes.len() && bytes[j] == b':' {
+                        last_key = Some((start, i));
+                    }
+                }
+            },
+            _ => {}
+        }
+        i += 1;
+    }
+    if let Some(start) = open {
+        // Cut inside a string: a key if what precedes its quote is `{` or `,`.
+        let before = bytes[..start - 1]
+            .iter()
+            .rev()
+            .find(|b| !b.is_ascii_whitespace());
+        if matches!(before, Some(b'{') | Some(b',')) {
+            return Some(String::from_utf8_lossy(&bytes[start..]).into_owned());
+        }
+    }
+    last_key.map(|(a, b)| String::from_utf8_lossy(&bytes[a..b]).into_owned())
+}
+
+fn join(path: &str, name: &str) -> String {
+    if path.is_empty() {
+        name.to_string()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
+/// Turn a serde_json error found while parsing one line into (field, problem).
+pub(crate) fn describe_json_error(path: &str, err: &serde_json::Error, line: &[u8]) -> FieldError {
+    let full = err.to_string();
+    // serde_json appends " at line L column C"; the line is ours to report, keep the column.
+    let msg = match full.rfind(" at line ") {
+        Some(i) => &full[..i],
+        None => full.as_str(),
+    };
+    let path = if path == "." { "" } else { path };
+    let quoted = |prefix: &str| -> Option<String> {
+        let rest = &msg[msg.find(prefix)? + prefix.len()..];
+        Some(rest[..rest.find('`')?].to_string())
+    };
+    let mut field = path.to_string();
+    if let Some(name) = quoted("missing field `") {
+        field = join(path, &name);
+    } else if let Some(name) = quoted("unknown field `") {
+        if !(path == name || path.ends_with(&format!(".{name}"))) {
+            field = join(path, &name);
+        }
+    }
+    if err.is_eof() && (field.is_empty() || field == "?" || field.ends_with(".?")) {
+        if let Some(k) = key_at_end(line) {
+            let base = field.trim_end_matches('?').trim_end_matches('.');
+            field = join(base, &k);
+        }
+    }
+    let problem = if err.is_eof() {
+        format!(
+            "{msg} (column {}): the line is truncated, expected a complete JSON object",
+            err.column()
+        )
+    } else if err.is_syntax() {
+        format!("{msg} (column {}): expected valid JSON", err.column())
+    } else {
+        format!("{msg} (column {})", err.column())
+    };
+    if field.is_empty() || field == "?" {
+        field = "(record)".to_string();
+    }
+    FieldError::new(field, problem)
+}
+
+/// Parse one JSON line into `T`, naming the field of any error.
+pub(crate) fn parse_line<'de, T: Deserialize<'de>>(bytes: &'de [u8]) -> Result<T, FieldError> {
+    // Fast path without path tracking; a bad line is parsed again to name the field.
+    if let Ok(v) = serde_json::from_slice(bytes) {
+        return Ok(v);
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value: T = match serde_path_to_error::deserialize(&mut de) {
+        Ok(v) => v,
+        Err(e) => {
+            let path = e.path().to_string();
+            return Err(describe_json_error(&path, e.inner(), bytes));
+        }
+    };
+    if let Err(e) = de.end() {
+        return Err(describe_json_error("", &e, bytes));
+    }
+    Ok(value)
+}
+
+/// Parse and check a header line (line 1 of a JSONL trace).
+fn parse_header(line: &[u8]) -> Result<TraceHeader, FieldError> {
+    // Look at the version first so that a newer file says "unknown schema version"
+    // rather than complaining about a field it added.
+    let value: serde_json::Value = parse_line(line).map_err(|e| FieldError {
+        field: if e.field == "(record)" {
+            "header".into()
+        } else {
+            e.field
+        },
+        problem: e.problem,
+    })?;
+    let Some(h) = value.get("header") else {
+        return Err(FieldError::new(
+            "header",
+            "expected the first line to be {\"header\": {...}} (schema_version, block_size_tokens, generator, ...)",
+        ));
+    };
+    match h.get("schema_version") {
+        Some(v) => match v.as_u64() {
+            Some(n) if n == u64::from(SCHEMA_VERSION) => {}
+            Some(n) => {
+                return Err(FieldError::new(
+                    "header.schema_version",
+                    format!("unknown schema version {n}, expected {SCHEMA_VERSION}"),
+                ))
+            }
+            None => {
+                return Err(FieldError::new(
+                    "header.schema_version",
+                    format!("expected an unsigned integer, found {v}"),
+                ))
+            }
+        },
+        None => {
+            return Err(FieldError::new(
+                "header.schema_version",
+                "missing; expected an unsigned integer",
+            ))
+        }
+    }
+    let hl: HeaderLine = parse_line(line)?;
+    hl.header.check()?;
+    Ok(hl.header)
+}
+
+/// Streaming JSONL trace reader.
+pub struct JsonlReader<R: BufRead> {
+    input: R,
+    file: PathBuf,
+    header: TraceHeader,
+    validator: Validator,
+    line_no: u64,
+    buf: Vec<u8>,
+    done: bool,
+}
+
+impl JsonlReader<BufReader<File>> {
+    /// Open a JSONL trace file and read its header.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let path = path.as_ref();
+        let f = File::open(path).map_err(|e| TraceError::io(path, e))?;
+        Self::from_reader(BufReader::with_capacity(1 << 16, f), path)
+    }
+}
+
+/// Read one line into `buf` (without the newline); `Ok(false)` at end of input.
+pub(crate) fn read_line<R: BufRead>(
+    input: &mut R,
+    buf: &mut Vec<u8>,
+    file: &Path,
+    line_no: u64,
+) -> Result<bool, TraceError> {
+    buf.clear();
+    // read_until retries on interruption itself; the limit guards against binary input.
+    let taken = <&mut R as std::io::Read>::take(&mut *input, MAX_LINE_BYTES as u64 + 1)
+        .read_until(b'\n', buf);
+    let n = taken.map_err(|e| TraceError::io(file, e))?;
+    if n == 0 {
+        return Ok(false);
+    }
+    if buf.len() > MAX_LINE_BYTES {
+        return Err(TraceError::invalid(
+            file,
+            Location::Line(line_no),
+            "(record)",
+            format!("line longer than {MAX_LINE_BYTES} bytes; expected one JSON object per line"),
+        ));
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+    }
+    Ok(true)
+}
+
+pub(crate) fn is_blank(buf: &[u8]) -> bool {
+    buf.iter().all(|b| b.is_ascii_whitespace())
+}
+
+impl<R: BufRead> JsonlReader<R> {
+    /// Read a JSONL trace from any buffered reader; `file` names it in errors.
+    pub fn from_reader(mut input: R, file: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let file = file.as_ref().to_path_buf();
+        let mut buf = Vec::new();
+        if !read_line(&mut input, &mut buf, &file, 1)? || is_blank(&buf) {
+            return Err(TraceError::invalid(
+                &file,
+                Location::Line(1),
+                "header",
+                "the file is empty; expected a first line {\"header\": {...}}",
+            ));
+        }
+        let header = parse_header(&buf).map_err(|e| e.at(&file, Location::Line(1)))?;
+        Ok(Self {
+            validator: Validator::new(&header),
+            input,
+            file,
+            header,
+            line_no: 1,
+            buf,
+            done: false,
+        })
+    }
+
+    /// The trace header.
+    pub fn header(&self) -> &TraceHeader {
+        &self.header
+    }
+
+    /// The file name used in errors.
+    pub fn path(&self) -> &Path {
+        &self.file
+    }
+
+    fn next_inner(&mut self) -> Result<Option<Request>, TraceError> {
+        loop {
+            self.line_no += 1;
+            if !read_line(&mut self.input, &mut self.buf, &self.file, self.line_no)? {
+                return Ok(None);
+            }
+            if is_blank(&self.buf) {
+                continue;
+            }
+            let at = Location::Line(self.line_no);
+            let req: Request = parse_line(&self.buf).map_err(|e| e.at(&self.file, at))?;
+            self.validator
+                .check(&req)
+                .map_err(|e| e.at(&self.file, at))?;
+            return Ok(Some(req));
+        }
+    }
+}
+
+impl<R: BufRead> Iterator for JsonlReader<R> {
+    type Item = Result<Request, TraceError>;
+
+    /// The next request; after the first error the stream ends.
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.next_inner() {
+            Ok(Some(r)) => Some(Ok(r)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// Streaming JSONL trace writer; validates what it writes.
+pub struct JsonlWriter<W: Write> {
+    out: W,
+    file: PathBuf,
+    validator: Validator,
+    written: u64,
+}
+
+impl JsonlWriter<BufWriter<File>> {
+    /// Create `path` and write the header line.
+    pub fn create(path: impl AsRef<Path>, header: &TraceHeader) -> Result<Self, TraceError> {
+        let path = path.as_ref();
+        let f = File::create(path).map_err(|e| TraceError::io(path, e))?;
+        Self::new(BufWriter::with_capacity(1 << 16, f), path, header)
+    }
+}
+
+impl<W: Write> JsonlWriter<W> {
+    /// Write a trace to any writer; `file` names it in errors.
+    pub fn new(
+        mut out: W,
+        file: impl AsRef<Path>,
+        header: &TraceHeader,
+    ) -> Result<Self, TraceError> {
+        let file = file.as_ref().to_path_buf();
+        header.check().map_err(|e| e.at(&file, Location::File))?;
+        serde_json::to_writer(&mut out, &HeaderLineRef { header })
+            .map_err(|e| TraceError::io(&file, e.into()))?;
+        out.write_all(b"\n").map_err(|e| TraceError::io(&file, e))?;
+        Ok(Self {
+            out,
+            validator: Validator::new(header),
+            file,
+            written: 0,
+        })
+    }
+
+    /// Validate and append one request.
+    pub fn write(&mut self, r: &Request) -> Result<(), TraceError> {
+        self.validator
+            .check(r)
+            .map_err(|e| e.at(&self.file, Location::Request(self.written + 1)))?;
+        serde_json::to_writer(&mut self.out, r)
+            .map_err(|e| TraceError::io(&self.file, e.into()))?;
+        self.out
+            .write_all(b"\n")
+            .map_err(|e| TraceError::io(&self.file, e))?;
+        self.written += 1;
+        Ok(())
+    }
+
+    /// Requests written so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Flush and return the inner writer.
+    pub fn finish(mut self) -> Result<W, TraceError> {
+        self.out
+            .flush()
+            .map_err(|e| TraceError::io(&self.file, e))?;
+        Ok(self.out)
+    }
+}

@@ -1,0 +1,8 @@
+//! Integration tests of moonagent-traces, in one binary to keep link time down.
+
+mod bad_input;
+mod common;
+mod fuzz;
+mod generators;
+mod mooncake;
+mod roundtrip;
