@@ -6,7 +6,11 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "moonagent", version, about = "Multimodal EPD serving over Mooncake Store: cache, fork and eviction semantics, simulated and measured")]
+#[command(
+    name = "moonagent",
+    version,
+    about = "Multimodal EPD serving over Mooncake Store: cache, fork and eviction semantics, simulated and measured"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -14,17 +18,24 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The EPD simulator; with no arguments, the B0 -> Full ladder on W1-W4 on an H200.
+    Simulate(cmd::simulate::SimulateArgs),
     /// Trace tools: convert, stats, generate, import.
     Trace(cmd::trace::TraceArgs),
+    /// Store-level trace replay under one or more eviction policies.
+    Replay(cmd::replay::ReplayArgs),
+    /// Parameter sweeps over the simulator or the replay: run, resume, merge shards, Pareto.
+    Sweep(cmd::sweep::SweepArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Some(Command::Simulate(args)) => cmd::simulate::run(args),
         Some(Command::Trace(args)) => cmd::trace::run(args),
-        None => {
-            eprintln!("no subcommand yet");
-            Ok(())
-        }
+        Some(Command::Replay(args)) => cmd::replay::run(args),
+        Some(Command::Sweep(args)) => cmd::sweep::run(args),
+        // The main job: the simulator's embedded default.
+        None => cmd::simulate::run(cmd::simulate::SimulateArgs::default()),
     }
 }

@@ -1,2 +1,6 @@
 //! One module per subcommand: parse arguments, call the libraries, print.
+pub mod replay;
+pub mod simulate;
+pub mod sweep;
 pub mod trace;
+pub mod util;

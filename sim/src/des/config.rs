@@ -1,0 +1,204 @@
+//! Simulator configuration: one serde struct, TOML-overridable field by field.
+
+use moonagent_core::store::{MemStoreConfig, PolicyConfig, SEC};
+use serde::{Deserialize, Serialize};
+
+/// The B0 -> Full ladder of seed 000: each mode adds one mechanism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Encoder and LLM colocated on every GPU, no cross-request cache.
+    B0,
+    /// EPD disaggregation; encoder outputs travel through the store under request-scoped
+    /// keys (no cross-request reuse); agent branches re-run as independent requests.
+    B1,
+    /// + the content-addressed embedding cache (cross-request and cross-branch reuse).
+    B2,
+    /// + same-worker agent fork (branches share prefix KV pages on the decode worker).
+    B3,
+    /// + three-point scheduling (load-aware encoder dispatch and prefill placement,
+    ///   decode placement by load with branch affinity).
+    Full,
+}
+
+impl Mode {
+    /// Every mode, in ladder order.
+    pub const ALL: [Mode; 5] = [Mode::B0, Mode::B1, Mode::B2, Mode::B3, Mode::Full];
+
+    /// Display name (`B0`, ..., `Full`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::B0 => "B0",
+            Mode::B1 => "B1",
+            Mode::B2 => "B2",
+            Mode::B3 => "B3",
+            Mode::Full => "Full",
+        }
+    }
+    /// Encoder, prefill and decode on separate workers.
+    pub fn disaggregated(self) -> bool {
+        self != Mode::B0
+    }
+    /// Cross-request embedding reuse.
+    pub fn cache(self) -> bool {
+        matches!(self, Mode::B2 | Mode::B3 | Mode::Full)
+    }
+    /// Same-worker fork of agent branches.
+    pub fn fork(self) -> bool {
+        matches!(self, Mode::B3 | Mode::Full)
+    }
+    /// Load-aware three-point scheduling.
+    pub fn smart_scheduling(self) -> bool {
+        self == Mode::Full
+    }
+}
+
+/// Service-level objective for goodput.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Slo {
+    /// Time to first token, ms.
+    pub ttft_ms: f64,
+    /// Time per output token, ms.
+    pub tpot_ms: f64,
+}
+
+impl Default for Slo {
+    fn default() -> Self {
+        Self {
+            ttft_ms: 2_000.0,
+            tpot_ms: 100.0,
+        }
+    }
+}
+
+/// Everything a simulation run depends on (with the trace and the seed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimConfig {
+    /// Ladder mode.
+    pub mode: Mode,
+    /// Hardware profile name (`h200`, `b200`, `h100`, `cpu`) from moonagent-models.
+    pub hardware: String,
+    /// Model spec name (`qwen2.5-vl-7b`, ...) from moonagent-models.
+    pub model: String,
+    /// Tensor-parallel degree of every instance.
+    pub tp: u32,
+    /// GPUs in the cluster (B0: one colocated instance per `tp` GPUs).
+    pub gpus: u32,
+    /// Encoder instances in EPD modes.
+    pub encoders: u32,
+    /// Prefill instances in EPD modes.
+    pub prefills: u32,
+    /// Decode instances in EPD modes (`encoders + prefills + decodes` GPUs x tp <= gpus).
+    pub decodes: u32,
+    /// Link between roles and the store: `nvlink`, `rdma`, `tcp`, `pcie`.
+    pub link: String,
+    /// Largest encoder batch, in visual tokens.
+    pub encoder_max_batch_tokens: u32,
+    /// Prefill chunk budget, in new tokens per iteration (chunked prefill).
+    pub prefill_chunk_tokens: u32,
+    /// Largest decode batch, in sequences.
+    pub decode_max_batch: u32,
+    /// KV page size, tokens.
+    pub kv_block_tokens: u32,
+    /// Share of HBM left for KV after weights.
+    pub kv_mem_fraction: f64,
+    /// Use the store for prefix KV blocks when the trace carries prefix block ids.
+    pub kv_prefix_store: bool,
+    /// The shared store (capacity, watermarks, leases) for encoder outputs and prefix KV.
+    pub store: MemStoreConfig,
+    /// Its eviction policy.
+    pub policy: PolicyConfig,
+    /// SLO for goodput.
+    pub slo: Slo,
+    /// Stop at this virtual time (ns); 0 = run until every request finishes.
+    pub horizon_ns: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Full,
+            hardware: "h200".into(),
+            model: "qwen2.5-vl-7b".into(),
+            tp: 1,
+            gpus: 8,
+            encoders: 2,
+            prefills: 3,
+            decodes: 3,
+            link: "rdma".into(),
+            encoder_max_batch_tokens: 16_384,
+            prefill_chunk_tokens: 8_192,
+            decode_max_batch: 256,
+            kv_block_tokens: 16,
+            kv_mem_fraction: 0.9,
+            kv_prefix_store: true,
+            store: MemStoreConfig {
+                capacity_bytes: 256 << 30,
+                kv_lease_ttl_ns: 10 * SEC,
+                ..MemStoreConfig::default()
+            },
+            policy: PolicyConfig::default(),
+            slo: Slo::default(),
+            horizon_ns: 0,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Check the fields that models and stores do not check themselves.
+    pub fn validate(&self) -> Result<(), String> {
+        let nonzero = [
+            ("tp", self.tp),
+            ("gpus", self.gpus),
+            ("encoder_max_batch_tokens", self.encoder_max_batch_tokens),
+            ("prefill_chunk_tokens", self.prefill_chunk_tokens),
+            ("decode_max_batch", self.decode_max_batch),
+            ("kv_block_tokens", self.kv_block_tokens),
+        ];
+        for (name, v) in nonzero {
+            if v == 0 {
+                return Err(format!("{name}: expected > 0"));
+            }
+        }
+        if self.mode.disaggregated() {
+            for (name, v) in [
+                ("encoders", self.encoders),
+                ("prefills", self.prefills),
+                ("decodes", self.decodes),
+            ] {
+                if v == 0 {
+                    return Err(format!(
+                        "{name}: expected > 0 in EPD mode {}",
+                        self.mode.name()
+                    ));
+                }
+            }
+            let used = (self.encoders + self.prefills + self.decodes) * self.tp;
+            if used > self.gpus {
+                return Err(format!(
+                    "encoders + prefills + decodes: {used} GPUs at tp {} exceed gpus = {}",
+                    self.tp, self.gpus
+                ));
+            }
+        } else if self.gpus < self.tp {
+            return Err(format!(
+                "gpus: {} is fewer than tp = {}",
+                self.gpus, self.tp
+            ));
+        }
+        if !(self.kv_mem_fraction > 0.0 && self.kv_mem_fraction <= 1.0) {
+            return Err(format!(
+                "kv_mem_fraction: expected in (0, 1], got {}",
+                self.kv_mem_fraction
+            ));
+        }
+        if !(self.slo.ttft_ms > 0.0 && self.slo.tpot_ms > 0.0) {
+            return Err("slo: ttft_ms and tpot_ms must be > 0".into());
+        }
+        self.store.validate().map_err(|e| format!("store.{e}"))?;
+        self.policy.build().map_err(|e| format!("policy: {e}"))?;
+        Ok(())
+    }
+}

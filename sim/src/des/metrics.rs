@@ -1,0 +1,223 @@
+//! What a simulation run reports: one record per request and a run summary.
+
+use serde::{Deserialize, Serialize};
+
+/// Sentinel for "did not happen" in per-request times.
+pub const NONE: u64 = u64::MAX;
+
+/// One top-level request of the trace (agent branches folded into it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// Trace request id.
+    pub id: u64,
+    /// Session id.
+    pub session: u64,
+    /// Arrival, ns.
+    pub arrival_ns: u64,
+    /// First encode start of its images, ns (`NONE` if nothing was encoded).
+    pub encode_start_ns: u64,
+    /// Last encode end, ns (`NONE` if nothing was encoded).
+    pub encode_end_ns: u64,
+    /// Prefill start, ns.
+    pub prefill_start_ns: u64,
+    /// Prefill end, ns.
+    pub prefill_end_ns: u64,
+    /// First output token, ns (produced by the prefill's last chunk).
+    pub first_token_ns: u64,
+    /// Last token of the request and of all its branches, ns.
+    pub finish_ns: u64,
+    /// Output tokens produced (shared part plus every branch).
+    pub output_tokens: u64,
+    /// Output tokens on the critical path: the shared part plus the longest branch.
+    pub path_tokens: u64,
+    /// Images referenced (after in-request de-duplication, plus duplicates).
+    pub images: u32,
+    /// Images served from the embedding cache.
+    pub images_hit: u32,
+    /// Images encoded.
+    pub images_encoded: u32,
+    /// Images de-duplicated inside the request (encoded or loaded once for all copies).
+    pub images_dedup: u32,
+    /// Agent branches (0 when the request does not fork).
+    pub branches: u32,
+    /// Prompt tokens served from the store's prefix KV.
+    pub prefix_hit_tokens: u64,
+    /// Bytes moved encoder -> store.
+    pub bytes_encoder_store: u64,
+    /// Bytes moved store -> prefill (embeddings and prefix KV).
+    pub bytes_store_prefill: u64,
+    /// Bytes moved prefill -> decode (KV).
+    pub bytes_prefill_decode: u64,
+}
+
+impl RequestRecord {
+    /// Time to first token, ns.
+    pub fn ttft_ns(&self) -> u64 {
+        self.first_token_ns.saturating_sub(self.arrival_ns)
+    }
+    /// End to end, ns.
+    pub fn e2e_ns(&self) -> u64 {
+        self.finish_ns.saturating_sub(self.arrival_ns)
+    }
+    /// Time per output token after the first, along the critical path (shared part plus
+    /// the longest branch; parallel branches do not shorten it), ns.
+    pub fn tpot_ns(&self) -> u64 {
+        if self.path_tokens <= 1 {
+            0
+        } else {
+            self.finish_ns.saturating_sub(self.first_token_ns) / (self.path_tokens - 1)
+        }
+    }
+}
+
+/// P50 / P95 / P99 and mean of a sample, in ms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `ns` values, reported in ms.
+    pub fn of_ns(mut v: Vec<u64>) -> Self {
+        if v.is_empty() {
+            return Self::default();
+        }
+        v.sort_unstable();
+        let at = |q: f64| {
+            let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+            v[rank - 1] as f64 / 1e6
+        };
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64 / 1e6;
+        Self {
+            mean,
+            p50: at(0.50),
+            p95: at(0.95),
+            p99: at(0.99),
+        }
+    }
+}
+
+/// Run-level results. Deterministic: a function of config, trace and seed only.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Mode name.
+    pub mode: String,
+    /// Requests injected (top-level).
+    pub injected: u64,
+    /// Requests completed.
+    pub completed: u64,
+    /// Requests waiting for a resource at the end.
+    pub queued: u64,
+    /// Requests in service at the end.
+    pub running: u64,
+    /// Requests dropped (never admitted).
+    pub dropped: u64,
+    /// Virtual time of the last completion, ns.
+    pub makespan_ns: u64,
+    /// Completed requests per second of makespan.
+    pub throughput_rps: f64,
+    /// Output tokens per second of makespan.
+    pub token_throughput: f64,
+    /// Completed requests meeting both SLOs, per second of makespan.
+    pub goodput_rps: f64,
+    /// TTFT, ms.
+    pub ttft_ms: Percentiles,
+    /// TPOT, ms.
+    pub tpot_ms: Percentiles,
+    /// End to end, ms.
+    pub e2e_ms: Percentiles,
+    /// Encoder GPU time spent, s.
+    pub encoder_gpu_s: f64,
+    /// Encoder GPU time the cache saved (what hits would have cost to encode), s.
+    pub encoder_gpu_s_saved: f64,
+    /// Image references served by the embedding cache / all image references.
+    pub image_hit_rate: f64,
+    /// Images encoded.
+    pub images_encoded: u64,
+    /// Images served by the cache.
+    pub images_hit: u64,
+    /// Images de-duplicated within requests.
+    pub images_dedup: u64,
+    /// Embedding-cache readbacks (cache as transport), counted apart from hits.
+    pub cache_readbacks: u64,
+    /// Prefix-KV block hit rate in the store.
+    pub kv_block_hit_rate: f64,
+    /// Forks executed on decode workers.
+    pub forks: u64,
+    /// Prefill tokens avoided by forking instead of re-prefilling each branch.
+    pub fork_prefill_tokens_avoided: u64,
+    /// KV pages shared by forks instead of copied.
+    pub fork_pages_shared: u64,
+    /// Tail-page bytes copied by forks and copy-on-write.
+    pub fork_copy_bytes: u64,
+    /// Decode preemptions (KV pool full).
+    pub preemptions: u64,
+    /// Events processed.
+    pub events: u64,
+    /// Bytes over each link kind: encoder->store, store->prefill, prefill->decode.
+    pub link_bytes: [u64; 3],
+}
+
+/// Per-request records as a table (one row per top-level request, times in ns).
+pub fn records_table(recs: &[RequestRecord]) -> crate::table::Table {
+    use crate::table::{Column, Table};
+    let u = |f: &dyn Fn(&RequestRecord) -> u64| Column::U64(recs.iter().map(f).collect());
+    Table::new()
+        .with("id", u(&|r| r.id))
+        .with("session", u(&|r| r.session))
+        .with("arrival_ns", u(&|r| r.arrival_ns))
+        .with("encode_start_ns", u(&|r| r.encode_start_ns))
+        .with("encode_end_ns", u(&|r| r.encode_end_ns))
+        .with("prefill_start_ns", u(&|r| r.prefill_start_ns))
+        .with("prefill_end_ns", u(&|r| r.prefill_end_ns))
+        .with("first_token_ns", u(&|r| r.first_token_ns))
+        .with("finish_ns", u(&|r| r.finish_ns))
+        .with(
+            "ttft_ns",
+            u(&|r| {
+                if r.first_token_ns == NONE {
+                    NONE
+                } else {
+                    r.ttft_ns()
+                }
+            }),
+        )
+        .with(
+            "tpot_ns",
+            u(&|r| {
+                if r.finish_ns == NONE {
+                    NONE
+                } else {
+                    r.tpot_ns()
+                }
+            }),
+        )
+        .with(
+            "e2e_ns",
+            u(&|r| {
+                if r.finish_ns == NONE {
+                    NONE
+                } else {
+                    r.e2e_ns()
+                }
+            }),
+        )
+        .with("output_tokens", u(&|r| r.output_tokens))
+        .with("path_tokens", u(&|r| r.path_tokens))
+        .with("images", u(&|r| u64::from(r.images)))
+        .with("images_hit", u(&|r| u64::from(r.images_hit)))
+        .with("images_encoded", u(&|r| u64::from(r.images_encoded)))
+        .with("images_dedup", u(&|r| u64::from(r.images_dedup)))
+        .with("branches", u(&|r| u64::from(r.branches)))
+        .with("prefix_hit_tokens", u(&|r| r.prefix_hit_tokens))
+        .with("bytes_encoder_store", u(&|r| r.bytes_encoder_store))
+        .with("bytes_store_prefill", u(&|r| r.bytes_store_prefill))
+        .with("bytes_prefill_decode", u(&|r| r.bytes_prefill_decode))
+}

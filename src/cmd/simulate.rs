@@ -1,0 +1,267 @@
+//! `moonagent simulate`: the EPD discrete-event simulator. With no arguments, the
+//! B0 -> Full ladder on W1-W4 on an H200 profile.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use moonagent_sim::des::ladder::{Gains, LadderConfig, LadderResult};
+use moonagent_sim::des::metrics::records_table;
+use moonagent_sim::des::{run_ladder, simulate, Mode, SimConfig, Summary};
+use moonagent_sim::table::{Column, Table};
+use moonagent_traces::TraceReader;
+
+use super::util::{print_table, read_config};
+
+/// Arguments of `moonagent simulate`.
+#[derive(Args, Debug, Default)]
+pub struct SimulateArgs {
+    /// Ladder settings (TOML or JSON `LadderConfig`: `base` = SimConfig, `modes`, `workloads`,
+    /// `requests`, `seed`, `saturation_rate`, `load_factor`); any part may be given.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Replay this trace (moonagent schema, .jsonl or .parquet) instead of the ladder's
+    /// generated workloads, under every mode of the ladder.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Hardware profile, overriding the config (h200, b200, h100, cpu).
+    #[arg(long)]
+    pub hardware: Option<String>,
+    /// Modes to run, overriding the config (comma-separated: b0,b1,b2,b3,full).
+    #[arg(long, value_delimiter = ',')]
+    pub modes: Vec<String>,
+    /// Requests per generated workload, overriding the config.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Write tables here: ladder.parquet/.csv, summary.json, and per-request Parquet for `--trace`.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+fn summary_row(label: &str, mode: Mode, sat: &Summary, at: &Summary) -> Vec<String> {
+    vec![
+        label.to_string(),
+        mode.name().to_string(),
+        format!("{:.2}", sat.throughput_rps),
+        format!("{:.0}", at.ttft_ms.p50),
+        format!("{:.0}", at.ttft_ms.p95),
+        format!("{:.0}", at.e2e_ms.p95),
+        format!("{:.1}", 100.0 * at.image_hit_rate),
+        format!("{:.1}", 100.0 * at.kv_block_hit_rate),
+        format!("{:.1}", at.encoder_gpu_s),
+        at.forks.to_string(),
+    ]
+}
+
+fn print_ladder(r: &LadderResult) {
+    let mut rows = vec![[
+        "workload",
+        "mode",
+        "thr req/s",
+        "TTFT p50 ms",
+        "TTFT p95 ms",
+        "E2E p95 ms",
+        "img hit %",
+        "kv hit %",
+        "enc GPU-s",
+        "forks",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for c in &r.cells {
+        rows.push(summary_row(&c.workload, c.mode, &c.saturated, &c.at_load));
+    }
+    println!(
+        "\n{} x{} GPUs, {}: throughput saturated; latency and hit rates at {:.0}% of B0's throughput",
+        r.config.base.hardware,
+        r.config.base.gpus,
+        r.config.base.model,
+        100.0 * r.config.load_factor
+    );
+    print_table(&rows);
+    if !r.gains.is_empty() {
+        println!("\ngain decomposition (throughput x; P95 TTFT change at load)");
+        let mut g = vec![[
+            "workload",
+            "EPD B1/B0",
+            "cache B2/B1",
+            "fork B3/B2",
+            "sched Full/B3",
+            "EPD TTFT",
+            "cache TTFT",
+            "fork TTFT",
+            "sched TTFT",
+            "fork E2E p95",
+        ]
+        .map(String::from)
+        .to_vec()];
+        let x = |v: f64| format!("{v:.2}x");
+        let p = |v: f64| format!("{v:+.1}%");
+        for Gains {
+            workload,
+            epd_throughput_x,
+            cache_throughput_x,
+            fork_throughput_x,
+            scheduling_throughput_x,
+            epd_p95_ttft_pct,
+            cache_p95_ttft_pct,
+            fork_p95_ttft_pct,
+            scheduling_p95_ttft_pct,
+            fork_p95_e2e_pct,
+        } in &r.gains
+        {
+            g.push(vec![
+                workload.clone(),
+                x(*epd_throughput_x),
+                x(*cache_throughput_x),
+                x(*fork_throughput_x),
+                x(*scheduling_throughput_x),
+                p(*epd_p95_ttft_pct),
+                p(*cache_p95_ttft_pct),
+                p(*fork_p95_ttft_pct),
+                p(*scheduling_p95_ttft_pct),
+                p(*fork_p95_e2e_pct),
+            ]);
+        }
+        print_table(&g);
+    }
+}
+
+/// The ladder's cells as a table.
+pub fn ladder_table(r: &LadderResult) -> Table {
+    let c = &r.cells;
+    let s = |f: &dyn Fn(&moonagent_sim::des::ladder::Cell) -> String| {
+        Column::Str(c.iter().map(f).collect())
+    };
+    let f = |f: &dyn Fn(&moonagent_sim::des::ladder::Cell) -> f64| {
+        Column::F64(c.iter().map(f).collect())
+    };
+    let u = |f: &dyn Fn(&moonagent_sim::des::ladder::Cell) -> u64| {
+        Column::U64(c.iter().map(f).collect())
+    };
+    Table::new()
+        .with("workload", s(&|x| x.workload.clone()))
+        .with("mode", s(&|x| x.mode.name().to_string()))
+        .with("hardware", s(&|_| r.config.base.hardware.clone()))
+        .with("throughput_rps", f(&|x| x.saturated.throughput_rps))
+        .with("load_rps", f(&|x| x.load_rps))
+        .with("ttft_p50_ms", f(&|x| x.at_load.ttft_ms.p50))
+        .with("ttft_p95_ms", f(&|x| x.at_load.ttft_ms.p95))
+        .with("ttft_p99_ms", f(&|x| x.at_load.ttft_ms.p99))
+        .with("tpot_p50_ms", f(&|x| x.at_load.tpot_ms.p50))
+        .with("e2e_p95_ms", f(&|x| x.at_load.e2e_ms.p95))
+        .with("goodput_rps", f(&|x| x.at_load.goodput_rps))
+        .with("image_hit_rate", f(&|x| x.at_load.image_hit_rate))
+        .with("kv_block_hit_rate", f(&|x| x.at_load.kv_block_hit_rate))
+        .with("encoder_gpu_s", f(&|x| x.at_load.encoder_gpu_s))
+        .with("encoder_gpu_s_saved", f(&|x| x.at_load.encoder_gpu_s_saved))
+        .with("forks", u(&|x| x.at_load.forks))
+        .with(
+            "fork_prefill_tokens_avoided",
+            u(&|x| x.at_load.fork_prefill_tokens_avoided),
+        )
+        .with("preemptions", u(&|x| x.at_load.preemptions))
+        .with("completed", u(&|x| x.at_load.completed))
+}
+
+/// Run `moonagent simulate`.
+pub fn run(args: SimulateArgs) -> Result<()> {
+    let mut cfg: LadderConfig = match &args.config {
+        Some(p) => read_config(p)?,
+        None => LadderConfig::default(),
+    };
+    if let Some(h) = &args.hardware {
+        cfg.base.hardware = h.clone();
+    }
+    if let Some(n) = args.requests {
+        cfg.requests = n;
+    }
+    if !args.modes.is_empty() {
+        cfg.modes = args
+            .modes
+            .iter()
+            .map(|m| {
+                serde_json::from_value(serde_json::Value::String(m.to_lowercase()))
+                    .with_context(|| format!("--modes {m}: expected b0, b1, b2, b3 or full"))
+            })
+            .collect::<Result<_>>()?;
+    }
+    if let Some(out) = &args.out {
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    }
+    if let Some(path) = &args.trace {
+        let reader =
+            TraceReader::open(path).with_context(|| format!("opening trace {}", path.display()))?;
+        let bs = reader.header().block_size_tokens;
+        let reqs = reader
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("reading {}", path.display()))?;
+        let mut rows = vec![[
+            "mode",
+            "completed",
+            "thr req/s",
+            "TTFT p50 ms",
+            "TTFT p95 ms",
+            "TPOT p50 ms",
+            "E2E p95 ms",
+            "img hit %",
+            "forks",
+        ]
+        .map(String::from)
+        .to_vec()];
+        let mut summaries = Vec::new();
+        for &m in &cfg.modes {
+            let (s, recs) = simulate(
+                &SimConfig {
+                    mode: m,
+                    ..cfg.base.clone()
+                },
+                &reqs,
+                bs,
+            )
+            .map_err(anyhow::Error::msg)?;
+            rows.push(vec![
+                m.name().into(),
+                s.completed.to_string(),
+                format!("{:.2}", s.throughput_rps),
+                format!("{:.0}", s.ttft_ms.p50),
+                format!("{:.0}", s.ttft_ms.p95),
+                format!("{:.1}", s.tpot_ms.p50),
+                format!("{:.0}", s.e2e_ms.p95),
+                format!("{:.1}", 100.0 * s.image_hit_rate),
+                s.forks.to_string(),
+            ]);
+            if let Some(out) = &args.out {
+                records_table(&recs)
+                    .write_parquet(&out.join(format!("requests-{}.parquet", m.name())))
+                    .map_err(anyhow::Error::msg)?;
+            }
+            summaries.push(s);
+        }
+        println!("{} ({} requests)", path.display(), reqs.len());
+        print_table(&rows);
+        if let Some(out) = &args.out {
+            std::fs::write(
+                out.join("summary.json"),
+                serde_json::to_string_pretty(&summaries)?,
+            )?;
+            eprintln!("wrote {}", out.display());
+        }
+        return Ok(());
+    }
+    let r = run_ladder(&cfg).map_err(anyhow::Error::msg)?;
+    print_ladder(&r);
+    if let Some(out) = &args.out {
+        let t = ladder_table(&r);
+        t.write_parquet(&out.join("ladder.parquet"))
+            .map_err(anyhow::Error::msg)?;
+        t.write_csv(&out.join("ladder.csv"))
+            .map_err(anyhow::Error::msg)?;
+        std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&r)?)?;
+        eprintln!(
+            "wrote {}/ladder.parquet, ladder.csv, summary.json",
+            out.display()
+        );
+    }
+    Ok(())
+}
