@@ -141,6 +141,11 @@ pub struct Simulation<'a> {
     kv_lookups: u64,
     kv_hits: u64,
     image_refs: u64,
+    #[allow(clippy::type_complexity)]
+    fp_memo: rustc_hash::FxHashMap<
+        ([u8; 32], u64, Option<u64>, u64, u64, u64),
+        moonagent_core::fingerprint::ImageFp,
+    >,
 }
 
 fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
@@ -248,6 +253,7 @@ impl<'a> Simulation<'a> {
             kv_lookups: 0,
             kv_hits: 0,
             image_refs: 0,
+            fp_memo: Default::default(),
         })
     }
 
@@ -286,6 +292,7 @@ impl<'a> Simulation<'a> {
             }
             if take_arrival {
                 let t = self.q.advance_to(now);
+                self.s.events_by_kind[0] += 1;
                 self.arrive(t, cursor)?;
                 cursor += 1;
             } else if let Some((t, ev)) = self.q.pop() {
@@ -435,6 +442,11 @@ impl<'a> Simulation<'a> {
         let mut seen: Vec<u64> = Vec::with_capacity(images.len());
         let mut kept = Vec::with_capacity(images.len());
         let mut to_kick: Vec<WorkerId> = Vec::new();
+        let ctx = if self.cfg.mode.cache() && !images.is_empty() {
+            Some(self.ctx(tenant)?)
+        } else {
+            None
+        };
         for img in images {
             self.image_refs += 1;
             self.tops[top].rec.images += 1;
@@ -445,9 +457,8 @@ impl<'a> Simulation<'a> {
             }
             seen.push(img.content);
             let bytes = u64::from(img.tokens) * self.spec.encoder_output_bytes_per_token();
-            if self.cfg.mode.cache() {
-                let ctx = self.ctx(tenant)?;
-                let fp = self.image_fp(&ctx, &img, None)?;
+            if let Some(ctx) = &ctx {
+                let fp = self.image_fp(ctx, &img, None)?;
                 let exp = ctx.expect(img.grid).map_err(err("image grid"))?;
                 if let Lookup::Hit { .. } = self
                     .cache
@@ -492,11 +503,26 @@ impl<'a> Simulation<'a> {
         img: &Img,
         scope: Option<u64>,
     ) -> Result<moonagent_core::fingerprint::ImageFp, String> {
+        // A pure function of (model, grid, content, scope): memoised so the simulator pays
+        // BLAKE2b once per distinct image, not once per reference.
+        let key = (
+            ctx.fp().0,
+            img.content,
+            scope,
+            img.grid.t,
+            img.grid.h,
+            img.grid.w,
+        );
+        if let Some(fp) = self.fp_memo.get(&key) {
+            return Ok(*fp);
+        }
         let mut h = ImageHasher::new(&ctx.fp(), img.grid, &[16], Dtype::U8)
             .map_err(err("image fingerprint"))?;
         h.update(&img.content.to_le_bytes());
         h.update(&scope.unwrap_or(u64::MAX).to_le_bytes());
-        h.finish().map_err(err("image fingerprint"))
+        let fp = h.finish().map_err(err("image fingerprint"))?;
+        self.fp_memo.insert(key, fp);
+        Ok(fp)
     }
 
     fn transfer(
@@ -520,6 +546,14 @@ impl<'a> Simulation<'a> {
     }
 
     fn handle(&mut self, now: Time, ev: Ev) -> Result<(), String> {
+        let kind = match ev {
+            Ev::Dispatch(_) => 1,
+            Ev::StepDone(_) => 2,
+            Ev::ImageStored(..) => 3,
+            Ev::ImagesLoaded(_) => 4,
+            Ev::KvArrived(_) => 5,
+        };
+        self.s.events_by_kind[kind] += 1;
         match ev {
             Ev::Dispatch(job) => self.dispatch_images(now, job, None),
             Ev::StepDone(w) => self.step_done(now, w),
@@ -666,7 +700,8 @@ impl<'a> Simulation<'a> {
             tokens.push(t);
             let top = self.jobs[job as usize].top as usize;
             let rec = &mut self.tops[top].rec;
-            if rec.encode_start_ns == NONE {
+            // Stage times are the request's own path; re-run branches do not move them.
+            if rec.encode_start_ns == NONE && self.jobs[job as usize].branch.is_none() {
                 rec.encode_start_ns = now;
             }
         }
@@ -758,7 +793,9 @@ impl<'a> Simulation<'a> {
             Inflight::Encode(batch) => {
                 for (job, idx) in batch {
                     let top = self.jobs[job as usize].top as usize;
-                    self.tops[top].rec.encode_end_ns = now;
+                    if self.jobs[job as usize].branch.is_none() {
+                        self.tops[top].rec.encode_end_ns = now;
+                    }
                     self.tops[top].rec.images_encoded += 1;
                     self.s.images_encoded += 1;
                     if self.cfg.mode.disaggregated() {
@@ -1002,6 +1039,12 @@ impl<'a> Simulation<'a> {
     fn finish(mut self, arrived: usize) -> (Summary, Vec<RequestRecord>) {
         let mut s = std::mem::take(&mut self.s);
         s.events = self.q.popped();
+        s.kv_pages_in_use = self
+            .workers
+            .iter()
+            .filter_map(|w| w.pool.as_ref())
+            .map(|p| u64::from(p.stats().used))
+            .sum();
         s.dropped = (self.trace.len() - arrived) as u64;
         let mut ttft = Vec::new();
         let mut tpot = Vec::new();

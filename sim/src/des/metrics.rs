@@ -161,6 +161,11 @@ pub struct Summary {
     pub preemptions: u64,
     /// Events processed.
     pub events: u64,
+    /// Events by kind: arrival, dispatch, worker step done, image stored, images loaded,
+    /// KV arrived at decode.
+    pub events_by_kind: [u64; 6],
+    /// KV pages still held on decode workers at the end (0 when every request finished).
+    pub kv_pages_in_use: u64,
     /// Bytes over each link kind: encoder->store, store->prefill, prefill->decode.
     pub link_bytes: [u64; 3],
 }
