@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// The EPD simulator; with no arguments, the B0 -> Full ladder on W1-W4 on an H200.
     Simulate(cmd::simulate::SimulateArgs),
+    /// Small demonstrations of the core on the embedded store or a real Mooncake Store.
+    Demo(cmd::demo::DemoArgs),
     /// Trace tools: convert, stats, generate, import.
     Trace(cmd::trace::TraceArgs),
     /// Store-level trace replay under one or more eviction policies.
@@ -32,6 +34,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Simulate(args)) => cmd::simulate::run(args),
+        Some(Command::Demo(args)) => cmd::demo::run(args),
         Some(Command::Trace(args)) => cmd::trace::run(args),
         Some(Command::Replay(args)) => cmd::replay::run(args),
         Some(Command::Sweep(args)) => cmd::sweep::run(args),

@@ -1,4 +1,5 @@
 //! One module per subcommand: parse arguments, call the libraries, print.
+pub mod demo;
 pub mod replay;
 pub mod simulate;
 pub mod sweep;

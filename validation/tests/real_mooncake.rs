@@ -5,6 +5,8 @@
 //! test command starts and stops the store). Without it the test is skipped with a line
 //! saying so, except under `CI=true`, where a missing store is a failure.
 
+use moonagent_core::mm_cache::demo::{multi_image_agent_session, replay_pass};
+use moonagent_core::mm_cache::MmCache;
 use moonagent_core::store::{
     MemStore, MemStoreConfig, Payload, ReplicateConfig, Store, StoreError, SEC,
 };
@@ -189,4 +191,31 @@ fn real_store_matches_memstore_and_fills_when_all_leased() {
     for i in 0..fits + 16 {
         let _ = real.remove(0, &format!("{ns}:leased:{i}"), true);
     }
+
+    // 3. The embedding cache (the same core code) over the real store: the multi-image agent
+    //    session twice gives exactly the counters it gives on MemStore, and every byte read
+    //    back equals the encoder's.
+    let session = multi_image_agent_session().expect("demo session");
+    let run_cache = |store: &mut dyn Store| {
+        let mut cache = MmCache::new(store);
+        let a = replay_pass(&mut cache, &session, SEC).expect("pass 1");
+        let b = replay_pass(&mut cache, &session, 2 * SEC).expect("pass 2");
+        // Leave nothing behind on the real store.
+        for img in &session.images {
+            let _ = cache.remove_pair(0, &img.input.fp);
+        }
+        (a, b)
+    };
+    let mut mem: MemStore<String> = MemStore::new(MemStoreConfig::default()).unwrap();
+    let on_mem = run_cache(&mut mem);
+    let on_real = run_cache(&mut real);
+    assert_eq!(
+        on_real, on_mem,
+        "the embedding cache behaves differently on the real store"
+    );
+    assert_eq!(
+        on_real.1.images_encoded, 0,
+        "the second pass encodes nothing"
+    );
+    assert_eq!(on_real.0.wrong_segments + on_real.1.wrong_segments, 0);
 }

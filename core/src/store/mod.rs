@@ -235,3 +235,44 @@ pub trait Store {
         keys.iter().map(|k| self.remove(now, k, force)).collect()
     }
 }
+
+/// A mutable reference to a store is a store, so drivers can lend one (`&mut dyn Store`)
+/// to code that owns its store by value (e.g. `MmCache`).
+impl<S: Store + ?Sized> Store for &mut S {
+    fn put_start(
+        &mut self,
+        now: Nanos,
+        key: &str,
+        size: u64,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        (**self).put_start(now, key, size, cfg)
+    }
+    fn put_end(&mut self, now: Nanos, key: &str, payload: Payload) -> StoreResult<()> {
+        (**self).put_end(now, key, payload)
+    }
+    fn put_revoke(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
+        (**self).put_revoke(now, key)
+    }
+    fn get_into(&mut self, now: Nanos, key: &str, buf: &mut [u8]) -> StoreResult<u64> {
+        (**self).get_into(now, key, buf)
+    }
+    fn get_size(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
+        (**self).get_size(now, key)
+    }
+    fn exists(&mut self, now: Nanos, key: &str) -> StoreResult<bool> {
+        (**self).exists(now, key)
+    }
+    fn remove(&mut self, now: Nanos, key: &str, force: bool) -> StoreResult<()> {
+        (**self).remove(now, key, force)
+    }
+    fn put(
+        &mut self,
+        now: Nanos,
+        key: &str,
+        payload: Payload,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        (**self).put(now, key, payload, cfg)
+    }
+}
