@@ -72,7 +72,7 @@ fn print_ladder(r: &LadderResult) {
         rows.push(summary_row(&c.workload, c.mode, &c.saturated, &c.at_load));
     }
     println!(
-        "\n{} x{} GPUs, {}: throughput saturated; latency and hit rates at {:.0}% of B0's throughput",
+        "\n{} x{} GPUs, {}: throughput saturated; latency and hit rates at {:.0}% of the slowest mode's throughput",
         r.config.base.hardware,
         r.config.base.gpus,
         r.config.base.model,

@@ -3,8 +3,9 @@
 //! For each workload the ladder runs every mode twice on the same requests:
 //! - **saturated**: every request arrives at once (rate `saturation_rate`), so throughput
 //!   is the cluster's capacity for that workload (completed / makespan);
-//! - **at load**: the same requests arriving at `load_factor` x B0's saturated throughput,
-//!   so latency (TTFT, TPOT) is compared at one offered load that B0 can still carry.
+//! - **at load**: the same requests arriving at `load_factor` x the lowest saturated
+//!   throughput among the modes, so latency (TTFT, TPOT) is compared at one offered load
+//!   that every mode can carry (a mode past its capacity only shows its queue growing).
 //!
 //! Gains decompose as seed 000 defines them: EPD = B1 vs B0, cache = B2 - B1,
 //! fork = B3 - B2, scheduling = Full - B3 (throughput ratios, P95 TTFT changes).
@@ -47,7 +48,7 @@ pub struct LadderConfig {
     pub seed: u64,
     /// Arrival rate of the saturated run (req/s): high enough that every request queues.
     pub saturation_rate: f64,
-    /// Offered load of the latency run, as a share of B0's saturated throughput.
+    /// Offered load of the latency run, as a share of the lowest saturated throughput.
     pub load_factor: f64,
 }
 
