@@ -26,6 +26,8 @@ enum Command {
     Trace(cmd::trace::TraceArgs),
     /// Store-level trace replay under one or more eviction policies.
     Replay(cmd::replay::ReplayArgs),
+    /// Published experiments rerun: seed 002's eviction ablation, Mooncake capacity sweep.
+    Repro(cmd::repro::ReproArgs),
     /// Parameter sweeps over the simulator or the replay: run, resume, merge shards, Pareto.
     Sweep(cmd::sweep::SweepArgs),
 }
@@ -37,6 +39,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Demo(args)) => cmd::demo::run(args),
         Some(Command::Trace(args)) => cmd::trace::run(args),
         Some(Command::Replay(args)) => cmd::replay::run(args),
+        Some(Command::Repro(args)) => cmd::repro::run(args),
         Some(Command::Sweep(args)) => cmd::sweep::run(args),
         // The main job: the simulator's embedded default.
         None => cmd::simulate::run(cmd::simulate::SimulateArgs::default()),

@@ -1,13 +1,16 @@
 //! `moonagent replay`: store-level trace replay under one or more eviction policies.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use moonagent_core::store::{MemStoreConfig, PolicyConfig};
+use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
 use moonagent_sim::replay::{
-    replay_all, Compiled, Include, LabelledPolicy, LinearCost, ObjectSizes, PolicyResult,
+    min_bound, replay_grid, CompileOptions, Compiled, Include, LabelledPolicy, LinearCost,
+    MissCost, ModelCost, ObjectSizes, PolicyResult, TypeResult,
 };
+use moonagent_sim::table::{Column, Table};
 use moonagent_traces::TraceReader;
 use serde::Serialize;
 
@@ -23,14 +26,16 @@ pub struct ReplayArgs {
     /// Repeat or comma-separate for a capacity sweep.
     #[arg(long, required = true, value_delimiter = ',')]
     pub capacity: Vec<String>,
-    /// A policy by name with default settings (mooncake-default, lru, ...). Repeatable.
-    #[arg(long = "policy")]
+    /// A policy by name with default settings (mooncake-default, type-aware, lru, fifo,
+    /// s3-fifo, gdsf, belady, belady-cost). Repeatable or comma-separated.
+    #[arg(long = "policy", value_delimiter = ',')]
     pub policies: Vec<String>,
     /// A policy configuration file (TOML or JSON, `policy = "type-aware"` ...), labelled by
-    /// its file name. Repeatable.
+    /// its file name. Repeatable. `examples/policies/` has seed 002's ablation.
     #[arg(long = "policy-config")]
     pub policy_configs: Vec<PathBuf>,
     /// Store settings (TOML or JSON `MemStoreConfig`; capacity is taken from --capacity).
+    /// Defaults are Mooncake master's: 10 s read leases, 10 ms eviction tick, watermark 0.90.
     #[arg(long)]
     pub store_config: Option<PathBuf>,
     /// Replay only prefix KV blocks (no encoder outputs).
@@ -39,15 +44,25 @@ pub struct ReplayArgs {
     /// Replay only encoder outputs (no KV blocks).
     #[arg(long)]
     pub images_only: bool,
-    /// Recompute-cost model (TOML or JSON `LinearCost`); defaults approximate Qwen2.5-VL-7B on an H200.
+    /// Charge every KV block a whole block of bytes (the last, partial one too).
+    #[arg(long)]
+    pub kv_full_blocks: bool,
+    /// Hardware profile of the miss penalties (h200, b200, h100, cpu).
+    #[arg(long, default_value = "h200")]
+    pub hardware: String,
+    /// Model of the miss penalties and object sizes (qwen2.5-vl-7b, qwen2.5-vl-3b, qwen2.5-vl-72b).
+    #[arg(long, default_value = "qwen2.5-vl-7b")]
+    pub model: String,
+    /// Fixed linear miss penalties instead (TOML or JSON `LinearCost`).
     #[arg(long)]
     pub cost: Option<PathBuf>,
-    /// Write every result as JSON here.
+    /// Write every result: `.json` (full report), `.parquet` or `.csv` (one row per
+    /// capacity, policy and data type).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
-/// Everything a replay run reports, as written by `--out`.
+/// Everything a replay run reports, as written by `--out x.json`.
 #[derive(Serialize)]
 pub struct ReplayReport {
     /// Trace path.
@@ -57,7 +72,7 @@ pub struct ReplayReport {
     /// Store accesses replayed per policy.
     pub accesses: u64,
     /// Distinct bytes per data type in the trace.
-    pub unique_bytes: std::collections::BTreeMap<String, u64>,
+    pub unique_bytes: BTreeMap<String, u64>,
     /// One entry per capacity.
     pub runs: Vec<CapacityRun>,
 }
@@ -69,140 +84,348 @@ pub struct CapacityRun {
     pub capacity_bytes: u64,
     /// One result per policy, in the order given.
     pub results: Vec<PolicyResult>,
+    /// Belady's MIN on an ideal cache of `capacity / size` objects, per data type whose
+    /// objects all have one size: `(hits, lookups)`. An upper bound on every policy's hits.
+    pub min_bound: BTreeMap<String, (u64, u64)>,
 }
 
-/// Parse the policy list: names, then config files.
+/// Parse the policy list: names, then config files. Errors name the flag or file and field.
 pub fn policies(names: &[String], files: &[PathBuf]) -> Result<Vec<LabelledPolicy>> {
     let mut out = Vec::new();
     for n in names {
-        let policy: PolicyConfig = serde_json::from_value(serde_json::json!({ "policy": n }))
-            .with_context(|| format!("--policy {n}: unknown policy name, or one that needs settings (use --policy-config)"))?;
-        policy
-            .build()
-            .map_err(|e| anyhow::anyhow!("--policy {n}: {e}"))?;
-        out.push(LabelledPolicy {
-            label: n.clone(),
-            policy,
-        });
+        out.push(LabelledPolicy::by_name(n.trim()).map_err(|e| anyhow::anyhow!("--policy: {e}"))?);
     }
     for f in files {
-        let policy: PolicyConfig = read_config(f)?;
-        policy
-            .build()
-            .map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
-        let label = f.file_stem().map_or_else(
-            || f.display().to_string(),
-            |s| s.to_string_lossy().into_owned(),
-        );
-        out.push(LabelledPolicy { label, policy });
+        out.push(policy_file(f)?);
     }
     if out.is_empty() {
-        out.push(LabelledPolicy {
-            label: "mooncake-default".into(),
-            policy: PolicyConfig::default(),
-        });
+        out.push(LabelledPolicy::named(PolicyConfig::default()));
     }
     Ok(out)
 }
 
+/// A policy configuration file (TOML or JSON), validated, labelled by its file stem.
+pub fn policy_file(f: &Path) -> Result<LabelledPolicy> {
+    let policy: PolicyConfig =
+        read_config(f).with_context(|| format!("--policy-config {}", f.display()))?;
+    policy
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--policy-config {}: {e}", f.display()))?;
+    let label = f.file_stem().map_or_else(
+        || f.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    Ok(LabelledPolicy { label, policy })
+}
+
+/// The miss-cost model of `--hardware`/`--model`, or `--cost`'s fixed constants.
+pub fn cost_model(hardware: &str, model: &str, cost: Option<&Path>) -> Result<Box<dyn MissCost>> {
+    Ok(match cost {
+        Some(p) => Box::new(read_config::<LinearCost>(p)?),
+        None => Box::new(
+            ModelCost::new(hardware, model, 1)
+                .map_err(|e| anyhow::anyhow!("--hardware/--model: {e}"))?,
+        ),
+    })
+}
+
+/// Per data type whose replayed objects all have one size, that size.
+pub fn uniform_sizes(c: &Compiled) -> BTreeMap<DataType, u64> {
+    let mut size: [Option<u64>; DataType::COUNT] = [None; DataType::COUNT];
+    let mut mixed = [false; DataType::COUNT];
+    for a in &c.accesses {
+        let t = a.dtype as usize;
+        match size[t] {
+            None => size[t] = Some(u64::from(a.size)),
+            Some(s) if s != u64::from(a.size) => mixed[t] = true,
+            _ => {}
+        }
+    }
+    DataType::ALL
+        .iter()
+        .filter_map(|t| {
+            let s = size[t.index()]?;
+            (!mixed[t.index()] && s > 0).then_some((*t, s))
+        })
+        .collect()
+}
+
+/// Belady's MIN per uniform-size data type at `capacity` (only when the replay holds that
+/// type alone, so the store's capacity is all that type's).
+pub fn min_bounds(c: &Compiled, capacity: u64) -> BTreeMap<String, (u64, u64)> {
+    let u = uniform_sizes(c);
+    let types_present = c.unique_objects().iter().filter(|&&n| n > 0).count();
+    if types_present != 1 {
+        return BTreeMap::new();
+    }
+    u.into_iter()
+        .map(|(t, s)| (t.name().to_string(), min_bound(c, t, capacity / s)))
+        .collect()
+}
+
+fn rows_of(results: &[PolicyResult]) -> Vec<(&str, &str, &TypeResult)> {
+    let mut v = Vec::new();
+    for r in results {
+        for (k, x) in &r.by_type {
+            v.push((r.label.as_str(), k.as_str(), x));
+        }
+        if r.by_type.len() > 1 {
+            v.push((r.label.as_str(), "all", &r.total));
+        }
+    }
+    v
+}
+
 /// Print one capacity's results as a table (one row per policy and data type).
-pub fn print_results(capacity: u64, results: &[PolicyResult]) {
-    println!("\ncapacity {} ({} B)", human_bytes(capacity), capacity);
+pub fn print_results(run: &CapacityRun) {
+    println!(
+        "\ncapacity {} ({} B)",
+        human_bytes(run.capacity_bytes),
+        run.capacity_bytes
+    );
     let mut rows = vec![vec![
         "policy".to_string(),
         "type".into(),
         "hit %".into(),
+        "reuse hit %".into(),
         "byte hit %".into(),
         "saving-time %".into(),
         "evicted".into(),
         "no-space puts".into(),
     ]];
-    for r in results {
-        for (t, x) in r
-            .by_type
-            .iter()
-            .map(|(k, v)| (k.as_str(), v))
-            .chain(std::iter::once(("all", &r.total)))
-        {
-            rows.push(vec![
-                r.label.clone(),
-                t.to_string(),
-                pct(x.hit_rate()),
-                pct(x.byte_hit_rate()),
-                pct(x.saving_time_rate()),
-                x.evicted.to_string(),
-                x.puts_no_space.to_string(),
-            ]);
-        }
+    for (label, t, x) in rows_of(&run.results) {
+        rows.push(vec![
+            label.to_string(),
+            t.to_string(),
+            pct(x.hit_rate()),
+            pct(x.reuse_hit_rate()),
+            pct(x.byte_hit_rate()),
+            pct(x.saving_time_rate()),
+            x.evicted.to_string(),
+            x.puts_no_space.to_string(),
+        ]);
+    }
+    for (t, (h, n)) in &run.min_bound {
+        rows.push(vec![
+            "min-bound".into(),
+            t.clone(),
+            pct(h.to_owned() as f64 / (*n).max(1) as f64),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+        ]);
     }
     print_table(&rows);
+}
+
+/// One row per capacity, policy and data type (and `all`), for Parquet and CSV.
+pub fn results_table(runs: &[CapacityRun]) -> Table {
+    let mut cap = Vec::new();
+    let mut label = Vec::new();
+    let mut policy = Vec::new();
+    let mut dtype = Vec::new();
+    let mut u: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut f: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for run in runs {
+        for r in &run.results {
+            let types = r
+                .by_type
+                .iter()
+                .map(|(k, v)| (k.as_str(), v))
+                .chain(std::iter::once(("all", &r.total)));
+            for (t, x) in types {
+                cap.push(run.capacity_bytes);
+                label.push(r.label.clone());
+                policy.push(r.policy.name().to_string());
+                dtype.push(t.to_string());
+                for (k, v) in [
+                    ("lookups", x.lookups),
+                    ("hits", x.hits),
+                    ("lookup_bytes", x.lookup_bytes),
+                    ("hit_bytes", x.hit_bytes),
+                    ("penalty_ns", x.penalty_ns),
+                    ("saved_ns", x.saved_ns),
+                    ("reuse_lookups", x.reuse_lookups),
+                    ("reuse_hits", x.reuse_hits),
+                    ("reuse_penalty_ns", x.reuse_penalty_ns),
+                    ("puts", x.puts),
+                    ("puts_no_space", x.puts_no_space),
+                    ("puts_exists", x.puts_exists),
+                    ("evicted", x.evicted),
+                    ("evicted_bytes", x.evicted_bytes),
+                ] {
+                    u.entry(k).or_default().push(v);
+                }
+                for (k, v) in [
+                    ("hit_rate", x.hit_rate()),
+                    ("byte_hit_rate", x.byte_hit_rate()),
+                    ("saving_time_rate", x.saving_time_rate()),
+                    ("reuse_hit_rate", x.reuse_hit_rate()),
+                    ("reuse_saving_time_rate", x.reuse_saving_time_rate()),
+                ] {
+                    f.entry(k).or_default().push(v);
+                }
+            }
+        }
+    }
+    let mut t = Table::new()
+        .with("capacity_bytes", Column::U64(cap))
+        .with("label", Column::Str(label))
+        .with("policy", Column::Str(policy))
+        .with("data_type", Column::Str(dtype));
+    // Fixed column order: rates first, then counters, each in a stable order.
+    for k in [
+        "hit_rate",
+        "reuse_hit_rate",
+        "byte_hit_rate",
+        "saving_time_rate",
+        "reuse_saving_time_rate",
+    ] {
+        t = t.with(k, Column::F64(f.remove(k).unwrap_or_default()));
+    }
+    for k in [
+        "lookups",
+        "hits",
+        "reuse_lookups",
+        "reuse_hits",
+        "lookup_bytes",
+        "hit_bytes",
+        "penalty_ns",
+        "saved_ns",
+        "reuse_penalty_ns",
+        "puts",
+        "puts_no_space",
+        "puts_exists",
+        "evicted",
+        "evicted_bytes",
+    ] {
+        t = t.with(k, Column::U64(u.remove(k).unwrap_or_default()));
+    }
+    t
+}
+
+/// Write `report` as JSON, or its table as Parquet or CSV, by `out`'s extension.
+pub fn write_out<R: Serialize>(
+    out: &Path,
+    report: &R,
+    table: impl FnOnce() -> Table,
+) -> Result<()> {
+    match out.extension().and_then(|e| e.to_str()) {
+        Some("parquet") => table().write_parquet(out).map_err(anyhow::Error::msg)?,
+        Some("csv") => table().write_csv(out).map_err(anyhow::Error::msg)?,
+        Some("json") => {
+            let tmp = out.with_extension("json.tmp");
+            let f = std::fs::File::create(&tmp)
+                .with_context(|| format!("creating {}", tmp.display()))?;
+            serde_json::to_writer_pretty(std::io::BufWriter::new(f), report)
+                .with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
+        }
+        _ => bail!(
+            "--out {}: expected a .json, .parquet or .csv file",
+            out.display()
+        ),
+    }
+    eprintln!("wrote {}", out.display());
+    Ok(())
+}
+
+/// Resolve `--capacity` values against the trace's unique bytes.
+pub fn capacities(values: &[String], unique_total: u64) -> Result<Vec<u64>> {
+    values
+        .iter()
+        .map(|c| {
+            let b =
+                parse_bytes(c, Some(unique_total)).with_context(|| format!("--capacity {c}"))?;
+            if b == 0 {
+                bail!("--capacity {c}: resolves to 0 bytes");
+            }
+            Ok(b)
+        })
+        .collect()
 }
 
 /// Run `moonagent replay`.
 pub fn run(args: ReplayArgs) -> Result<()> {
     let pols = policies(&args.policies, &args.policy_configs)?;
-    let mut store_cfg: MemStoreConfig = match &args.store_config {
-        Some(p) => read_config(p)?,
+    let base: MemStoreConfig = match &args.store_config {
+        Some(p) => read_config(p).with_context(|| format!("--store-config {}", p.display()))?,
         None => MemStoreConfig::default(),
     };
-    let cost: LinearCost = match &args.cost {
-        Some(p) => read_config(p)?,
-        None => LinearCost::default(),
-    };
-    let include = Include {
-        images: !args.kv_only,
-        kv: !args.images_only,
-    };
+    let cost = cost_model(&args.hardware, &args.model, args.cost.as_deref())?;
+    let sizes = ObjectSizes::for_model(&args.model).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
+    // Check the capacities' syntax before reading the trace.
+    for c in &args.capacity {
+        parse_bytes(c, Some(1)).with_context(|| format!("--capacity {c}"))?;
+    }
+    if let Some(out) = &args.out {
+        if !matches!(
+            out.extension().and_then(|e| e.to_str()),
+            Some("json" | "parquet" | "csv")
+        ) {
+            bail!(
+                "--out {}: expected a .json, .parquet or .csv file",
+                out.display()
+            );
+        }
+    }
     let reader = TraceReader::open(&args.trace)
         .with_context(|| format!("opening trace {}", args.trace.display()))?;
-    let block = reader.header().block_size_tokens;
-    let mut reqs = Vec::new();
-    for r in reader {
-        reqs.push(r?);
-    }
-    let mut compiled =
-        Compiled::from_requests(reqs, block, &ObjectSizes::default(), &cost, include)
-            .map_err(anyhow::Error::msg)?;
-    compiled.fill_next();
+    let opts = CompileOptions {
+        block_size: reader.header().block_size_tokens,
+        sizes,
+        include: Include {
+            images: !args.kv_only,
+            kv: !args.images_only,
+        },
+        kv_full_blocks: args.kv_full_blocks,
+    };
+    let compiled = Compiled::compile(reader, &opts, cost.as_ref())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.trace.display()))?;
     let unique = compiled.unique_bytes();
     let unique_total: u64 = unique.iter().sum();
+    let caps = capacities(&args.capacity, unique_total)?;
     eprintln!(
-        "{}: {} requests, {} accesses, unique {} ({} policies, {} threads)",
+        "{}: {} requests, {} accesses, unique {} ({} policies x {} capacities, {} threads)",
         args.trace.display(),
         compiled.requests,
         compiled.accesses.len(),
         human_bytes(unique_total),
         pols.len(),
+        caps.len(),
         rayon::current_num_threads()
     );
+    let cfgs: Vec<MemStoreConfig> = caps
+        .iter()
+        .map(|&c| MemStoreConfig {
+            capacity_bytes: c,
+            ..base.clone()
+        })
+        .collect();
+    let grid = replay_grid(&compiled, &cfgs, &pols).map_err(anyhow::Error::msg)?;
     let mut report = ReplayReport {
         trace: args.trace.display().to_string(),
         requests: compiled.requests,
         accesses: compiled.accesses.len() as u64,
-        unique_bytes: moonagent_core::store::DataType::ALL
+        unique_bytes: DataType::ALL
             .iter()
             .map(|t| (t.name().to_string(), unique[t.index()]))
             .collect(),
         runs: Vec::new(),
     };
-    for c in &args.capacity {
-        let capacity = parse_bytes(c, Some(unique_total))?;
-        if capacity == 0 {
-            bail!("--capacity {c}: resolves to 0 bytes");
-        }
-        store_cfg.capacity_bytes = capacity;
-        let results = replay_all(&compiled, &store_cfg, &pols).map_err(anyhow::Error::msg)?;
-        print_results(capacity, &results);
-        report.runs.push(CapacityRun {
-            capacity_bytes: capacity,
+    for (capacity_bytes, results) in caps.into_iter().zip(grid) {
+        let run = CapacityRun {
+            capacity_bytes,
+            min_bound: min_bounds(&compiled, capacity_bytes),
             results,
-        });
+        };
+        print_results(&run);
+        report.runs.push(run);
     }
     if let Some(out) = &args.out {
-        let f =
-            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
-        serde_json::to_writer_pretty(std::io::BufWriter::new(f), &report)?;
-        eprintln!("wrote {}", out.display());
+        write_out(out, &report, || results_table(&report.runs))?;
     }
     Ok(())
 }
