@@ -7,4 +7,5 @@
 
 pub mod des;
 pub mod replay;
+pub mod sweep;
 pub mod table;
