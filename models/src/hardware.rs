@@ -15,6 +15,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::catalog;
 use crate::error::{check_fraction, check_nonzero, check_positive, FieldError, ModelError};
 use crate::to_ns;
 
@@ -282,17 +283,13 @@ impl HardwareProfile {
 
     /// A built-in profile by name (case-insensitive: `h200`, `H200`).
     pub fn by_name(name: &str) -> Result<Self, ModelError> {
-        let wanted = name.trim().to_ascii_lowercase();
-        match BUILTIN.iter().find(|(n, _, _)| *n == wanted) {
-            Some((_, file, text)) => {
-                Self::from_toml_str(text, &format!("built-in data/hardware/{file}"))
-            }
-            None => Err(ModelError::UnknownName {
-                kind: "hardware profile",
-                name: name.to_string(),
-                known: Self::builtin_names().collect::<Vec<_>>().join(", "),
-            }),
-        }
+        catalog::by_name(
+            &BUILTIN,
+            "data/hardware",
+            "hardware profile",
+            name,
+            Self::from_toml_str,
+        )
     }
 
     /// Every built-in profile, in the order of [`HardwareProfile::builtin_names`].
@@ -302,20 +299,12 @@ impl HardwareProfile {
 
     /// Load and validate a profile from a TOML file.
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ModelError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_toml_str(&text, &path.display().to_string())
+        catalog::from_path(path.as_ref(), Self::from_toml_str)
     }
 
     /// Parse and validate a profile from TOML text; `origin` names the text in errors.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ModelError> {
-        let profile: HardwareProfile = toml::from_str(text).map_err(|e| ModelError::Parse {
-            origin: origin.to_string(),
-            message: e.to_string(),
-        })?;
+        let profile: HardwareProfile = catalog::parse_toml(text, origin)?;
         profile.validate_as(origin)?;
         Ok(profile)
     }

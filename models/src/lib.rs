@@ -22,6 +22,7 @@
 //! ```
 
 pub mod calibrate;
+mod catalog;
 pub mod cost;
 pub mod error;
 pub mod hardware;

@@ -13,6 +13,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::catalog;
 use crate::error::{check_nonzero, FieldError, ModelError};
 
 /// Built-in specs: (name, file under `data/models/`, text).
@@ -139,17 +140,7 @@ impl ModelSpec {
 
     /// A built-in spec by name (case-insensitive).
     pub fn by_name(name: &str) -> Result<Self, ModelError> {
-        let wanted = name.trim().to_ascii_lowercase();
-        match BUILTIN.iter().find(|(n, _, _)| *n == wanted) {
-            Some((_, file, text)) => {
-                Self::from_toml_str(text, &format!("built-in data/models/{file}"))
-            }
-            None => Err(ModelError::UnknownName {
-                kind: "model",
-                name: name.to_string(),
-                known: Self::builtin_names().collect::<Vec<_>>().join(", "),
-            }),
-        }
+        catalog::by_name(&BUILTIN, "data/models", "model", name, Self::from_toml_str)
     }
 
     /// Every built-in spec, in the order of [`ModelSpec::builtin_names`].
@@ -159,20 +150,12 @@ impl ModelSpec {
 
     /// Load and validate a spec from a TOML file.
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ModelError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_toml_str(&text, &path.display().to_string())
+        catalog::from_path(path.as_ref(), Self::from_toml_str)
     }
 
     /// Parse and validate a spec from TOML text; `origin` names the text in errors.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ModelError> {
-        let spec: ModelSpec = toml::from_str(text).map_err(|e| ModelError::Parse {
-            origin: origin.to_string(),
-            message: e.to_string(),
-        })?;
+        let spec: ModelSpec = catalog::parse_toml(text, origin)?;
         spec.check().map_err(|e| e.at(origin))?;
         Ok(spec)
     }
