@@ -1,10 +1,8 @@
 //! Result tables: named typed columns written as Parquet (arrow-rs) or CSV.
 //!
 //! Deterministic: the same rows give the same bytes (fixed writer properties, no
-//! timestamps). Parquet files load as they are in polars (`pl.read_parquet`) and pandas.
+//! timestamps). Files are written atomically through the sweep's `write_atomic`. Parquet files load as they are in polars (`pl.read_parquet`) and pandas.
 
-use std::fs::File;
-use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -13,6 +11,8 @@ use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
+
+use crate::sweep::files::write_atomic;
 
 /// One column's values.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,40 +100,30 @@ impl Table {
         let schema = Arc::new(Schema::new(fields));
         let batch = RecordBatch::try_new(schema.clone(), arrays)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        let tmp = path.with_extension("parquet.tmp");
-        let f = File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_created_by("moonagent".into())
             .build();
-        let mut w = ArrowWriter::try_new(f, schema, Some(props))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        w.write(&batch)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let f = w
-            .into_inner()
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        f.sync_all()
-            .map_err(|e| format!("{}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+        let err = |e: parquet::errors::ParquetError| format!("{}: {e}", path.display());
+        let mut buf = Vec::new();
+        let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props)).map_err(err)?;
+        w.write(&batch).map_err(err)?;
+        w.close().map_err(err)?;
+        write_atomic(path, &buf, true).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// Write as CSV (header row first), atomically.
     pub fn write_csv(&self, path: &Path) -> Result<(), String> {
         self.check()?;
-        let tmp = path.with_extension("csv.tmp");
-        let mut f = std::io::BufWriter::new(
-            File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?,
-        );
+        let mut out = String::new();
         let head: Vec<&str> = self.columns.iter().map(|c| c.0.as_str()).collect();
-        let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
-        writeln!(f, "{}", head.join(",")).map_err(io)?;
+        out.push_str(&head.join(","));
+        out.push('\n');
         for i in 0..self.rows() {
             let row: Vec<String> = self.columns.iter().map(|c| c.1.cell(i)).collect();
-            writeln!(f, "{}", row.join(",")).map_err(io)?;
+            out.push_str(&row.join(","));
+            out.push('\n');
         }
-        f.flush().map_err(io)?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+        write_atomic(path, out.as_bytes(), true).map_err(|e| format!("{}: {e}", path.display()))
     }
 }

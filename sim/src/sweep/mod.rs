@@ -38,7 +38,7 @@
 
 mod config;
 mod exec;
-mod files;
+pub(crate) mod files;
 pub mod metrics;
 pub mod pareto;
 pub mod plan;
