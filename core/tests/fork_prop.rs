@@ -215,6 +215,22 @@ impl Harness {
                     && len % bs != 0
                     && m.pages.last().is_some_and(|&p| self.model.holders(p) > 1);
                 let new = cfg.pages_for(len + n) - m.pages.len() as u64;
+                // Headroom: tokens that need no page and no copy (the simulator batches
+                // appends up to it); an append within it must allocate nothing.
+                let tail_shared =
+                    len % bs != 0 && m.pages.last().is_some_and(|&p| self.model.holders(p) > 1);
+                let room = if tail_shared {
+                    0
+                } else {
+                    m.pages.len() as u64 * bs - len
+                };
+                prop_assert_eq!(self.pool.append_headroom(id), Ok(room));
+                if n > 0 && n <= room {
+                    prop_assert!(!cow && new == 0, "append within headroom allocated");
+                }
+                if n > room {
+                    prop_assert!(cow || new > 0, "append past headroom allocated nothing");
+                }
                 match (
                     self.pool.append(id, n),
                     self.model.exhausted(new + u64::from(cow)),
@@ -223,6 +239,7 @@ impl Harness {
                     (Ok(out), None) => {
                         prop_assert_eq!(out.cow.is_some(), cow, "copy-on-write iff shared tail");
                         prop_assert_eq!(u64::from(out.pages_allocated), new);
+                        prop_assert_eq!(Ok(out.headroom), self.pool.append_headroom(id));
                         if let Some(c) = out.cow {
                             prop_assert_eq!(u64::from(c.tokens), len % bs);
                             prop_assert_eq!(c.bytes, u64::from(c.tokens) * cfg.bytes_per_token);

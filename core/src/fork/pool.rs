@@ -212,15 +212,23 @@ impl PoolCore {
         let cfg = self.cfg;
         let seq = self.seq(id)?;
         if tokens == 0 {
-            return Ok(AppendOutcome::default());
+            return Ok(AppendOutcome {
+                headroom: self.append_headroom(id)?,
+                ..AppendOutcome::default()
+            });
         }
         let new_len = seq
             .len
             .checked_add(tokens)
             .ok_or(ForkError::Overflow("sequence length"))?;
         let tail_tokens = cfg.tail_tokens(seq.len);
-        let cow_src = match seq.table.last() {
-            Some(&b) if tail_tokens > 0 && self.refcounts[b as usize] > 1 => Some(b),
+        // A sequence that never shared a page holds its tail alone: skip the refcount
+        // read (a cache miss in a large pool) on this hot path.
+        let cow_src = match (tail_tokens > 0 && seq.may_share)
+            .then(|| seq.table.last())
+            .flatten()
+        {
+            Some(&b) if self.refcounts[b as usize] > 1 => Some(b),
             _ => None,
         };
         let new_pages = cfg.pages_for(new_len) - seq.table.len() as u64;
@@ -250,10 +258,37 @@ impl PoolCore {
             seq.table.push(Self::alloc_page(free, refcounts));
         }
         seq.len = new_len;
+        // The tail is private now (copied or fresh), so the headroom is the room left.
+        let headroom = (seq.table.len() as u64)
+            .saturating_mul(u64::from(cfg.block_size_tokens))
+            .saturating_sub(new_len);
         Ok(AppendOutcome {
             cow,
             pages_allocated: new_pages as u32,
+            headroom,
         })
+    }
+
+    /// Tokens `seq` can take by [`Self::append`] without allocating or copying a page: the
+    /// room left in its tail page, or 0 when the next token writes into a partial tail
+    /// page another table still holds (that append copies it first). A simulator that
+    /// advances many sequences a token at a time may batch appends up to this headroom
+    /// and call `append` only when a page is needed: the pool's pages, refcounts and free
+    /// list then go through the same states, at the same tokens, as one call per token.
+    pub fn append_headroom(&self, id: SeqId) -> Result<u64, ForkError> {
+        let seq = self.seq(id)?;
+        let tail = self.cfg.tail_tokens(seq.len);
+        if tail > 0 && seq.may_share {
+            if let Some(&b) = seq.table.last() {
+                if self.refcounts[b as usize] > 1 {
+                    return Ok(0);
+                }
+            }
+        }
+        let room = (seq.table.len() as u64)
+            .saturating_mul(u64::from(self.cfg.block_size_tokens))
+            .saturating_sub(seq.len);
+        Ok(room)
     }
 
     /// Shortens `seq` to `len` tokens (a rollback), dropping the pages past it. A later
@@ -550,6 +585,11 @@ impl BlockPool {
     /// See [`PoolCore::append`].
     pub fn append(&self, seq: SeqId, tokens: u64) -> Result<AppendOutcome, ForkError> {
         self.lock()?.append(seq, tokens)
+    }
+
+    /// See [`PoolCore::append_headroom`].
+    pub fn append_headroom(&self, seq: SeqId) -> Result<u64, ForkError> {
+        self.lock()?.append_headroom(seq)
     }
 
     /// See [`PoolCore::truncate`].

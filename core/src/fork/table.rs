@@ -153,6 +153,9 @@ pub struct AppendOutcome {
     pub cow: Option<CopyAction>,
     /// Fresh pages allocated for the new tokens (not counting the copy-on-write page).
     pub pages_allocated: u32,
+    /// The sequence's [`PoolCore::append_headroom`](super::PoolCore::append_headroom)
+    /// after this append (saves a second lookup in per-token loops).
+    pub headroom: u64,
 }
 
 /// Result of truncating a sequence.

@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 
-use moonagent_core::fingerprint::{Dtype, GridThw, ImageHasher, ModelParts};
+use moonagent_core::fingerprint::{Dtype, GridThw, ImageFp, ImageHasher, ModelParts};
 use moonagent_core::fork::{PoolConfig, PoolCore, SeqId};
 use moonagent_core::mm_cache::{CacheConfig, Lookup, MmCache, ModelCtx};
 use moonagent_core::store::{
@@ -25,6 +25,7 @@ use moonagent_models::{CostModel, Flow, HardwareProfile, Link, LinkKind, ModelSp
 use moonagent_traces::schema::Request;
 
 use super::config::SimConfig;
+use super::decode::{DecodeBatch, Leaving, StepOutcome};
 use super::engine::{EventQueue, Time};
 use super::metrics::{Percentiles, RequestRecord, Summary, NONE};
 
@@ -73,13 +74,6 @@ struct JobState {
     kv_missing: Vec<u64>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Running {
-    job: Job,
-    seq: SeqId,
-    ctx: u64,
-}
-
 #[derive(Debug)]
 enum Inflight {
     Idle,
@@ -98,7 +92,7 @@ struct Worker {
     pre_q: VecDeque<Job>,
     pre_q_tokens: u64,
     dec_wait: VecDeque<Job>,
-    running: Vec<Running>,
+    batch: DecodeBatch,
     pool: Option<PoolCore>,
     nic_free: Time,
     extra_ns: u64,
@@ -106,7 +100,10 @@ struct Worker {
 
 impl Worker {
     fn load(&self) -> u64 {
-        self.enc_q_tokens + self.pre_q_tokens + (self.dec_wait.len() + self.running.len()) as u64
+        self.enc_q_tokens
+            + self.pre_q_tokens
+            + self.dec_wait.len() as u64
+            + u64::from(self.batch.len())
     }
 }
 
@@ -141,11 +138,38 @@ pub struct Simulation<'a> {
     kv_lookups: u64,
     kv_hits: u64,
     image_refs: u64,
-    #[allow(clippy::type_complexity)]
-    fp_memo: rustc_hash::FxHashMap<
-        ([u8; 32], u64, Option<u64>, u64, u64, u64),
-        moonagent_core::fingerprint::ImageFp,
-    >,
+    step_out: StepOutcome,
+    fp_memo: FpMemo,
+}
+
+/// Image fingerprints by (model, content, grid) for content-addressed keys.
+type FpMemo = rustc_hash::FxHashMap<([u8; 32], u64, u64, u64, u64), ImageFp>;
+
+/// The fingerprint of `img` under `ctx`, salted by `scope` for request-scoped keys (B1).
+/// A pure function of its inputs: content-addressed ones are memoised so the simulator
+/// pays BLAKE2b once per distinct image, not once per reference (scoped ones never
+/// repeat, so they are not kept).
+fn image_fp(
+    memo: &mut FpMemo,
+    ctx: &ModelCtx,
+    img: &Img,
+    scope: Option<u64>,
+) -> Result<ImageFp, String> {
+    let key = (ctx.fp().0, img.content, img.grid.t, img.grid.h, img.grid.w);
+    if scope.is_none() {
+        if let Some(fp) = memo.get(&key) {
+            return Ok(*fp);
+        }
+    }
+    let mut h = ImageHasher::new(&ctx.fp(), img.grid, &[16], Dtype::U8)
+        .map_err(err("image fingerprint"))?;
+    h.update(&img.content.to_le_bytes());
+    h.update(&scope.unwrap_or(u64::MAX).to_le_bytes());
+    let fp = h.finish().map_err(err("image fingerprint"))?;
+    if scope.is_none() {
+        memo.insert(key, fp);
+    }
+    Ok(fp)
 }
 
 fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
@@ -195,7 +219,7 @@ impl<'a> Simulation<'a> {
             pre_q: VecDeque::new(),
             pre_q_tokens: 0,
             dec_wait: VecDeque::new(),
-            running: Vec::new(),
+            batch: DecodeBatch::new(cfg.kv_block_tokens),
             pool,
             nic_free: 0,
             extra_ns: 0,
@@ -253,18 +277,20 @@ impl<'a> Simulation<'a> {
             kv_lookups: 0,
             kv_hits: 0,
             image_refs: 0,
+            step_out: StepOutcome::default(),
             fp_memo: Default::default(),
         })
     }
 
-    fn ctx(&mut self, tenant: u32) -> Result<ModelCtx, String> {
+    /// Index of `tenant`'s model context in `ctxs`, built on first use.
+    fn ctx_index(&mut self, tenant: u32) -> Result<usize, String> {
         while self.ctxs.len() <= tenant as usize {
             let parts = ModelParts::example(&format!("tenant-{}", self.ctxs.len()));
             let hidden = self.spec.encoder_output_bytes_per_token() / self.spec.dtype_bytes();
             self.ctxs
                 .push(ModelCtx::new(parts, hidden).map_err(err("model context"))?);
         }
-        Ok(self.ctxs[tenant as usize].clone())
+        Ok(tenant as usize)
     }
 
     /// Run to completion (or the horizon); per-request records in trace order and the summary.
@@ -302,12 +328,20 @@ impl<'a> Simulation<'a> {
         Ok(self.finish(cursor))
     }
 
-    fn pick(&mut self, role: usize, pool: &[WorkerId]) -> WorkerId {
+    /// A worker for `role` (0 encode, 1 prefill, 2 decode): least loaded under smart
+    /// scheduling, else round robin.
+    fn pick(&mut self, role: usize) -> WorkerId {
+        let pool = match role {
+            0 => &self.encoders,
+            1 => &self.prefills,
+            _ => &self.decodes,
+        };
         if self.cfg.mode.smart_scheduling() {
             // Least loaded; ties to the lowest id (deterministic).
+            let workers = &self.workers;
             *pool
                 .iter()
-                .min_by_key(|&&w| (self.workers[w as usize].load(), w))
+                .min_by_key(|&&w| (workers[w as usize].load(), w))
                 .unwrap_or(&pool[0])
         } else {
             let w = pool[self.rr[role] % pool.len()];
@@ -422,7 +456,7 @@ impl<'a> Simulation<'a> {
             self.q.push(now + fp_ns, P_DISPATCH, Ev::Dispatch(job));
             Ok(())
         } else {
-            let w = self.pick(0, &self.encoders.clone());
+            let w = self.pick(0);
             let j = &mut self.jobs[job as usize];
             j.prefill_worker = w;
             j.decode_worker = w;
@@ -443,7 +477,7 @@ impl<'a> Simulation<'a> {
         let mut kept = Vec::with_capacity(images.len());
         let mut to_kick: Vec<WorkerId> = Vec::new();
         let ctx = if self.cfg.mode.cache() && !images.is_empty() {
-            Some(self.ctx(tenant)?)
+            Some(self.ctx_index(tenant)?)
         } else {
             None
         };
@@ -457,8 +491,9 @@ impl<'a> Simulation<'a> {
             }
             seen.push(img.content);
             let bytes = u64::from(img.tokens) * self.spec.encoder_output_bytes_per_token();
-            if let Some(ctx) = &ctx {
-                let fp = self.image_fp(ctx, &img, None)?;
+            if let Some(ci) = ctx {
+                let ctx = &self.ctxs[ci];
+                let fp = image_fp(&mut self.fp_memo, ctx, &img, None)?;
                 let exp = ctx.expect(img.grid).map_err(err("image grid"))?;
                 if let Lookup::Hit { .. } = self
                     .cache
@@ -475,7 +510,7 @@ impl<'a> Simulation<'a> {
             }
             let w = match colo {
                 Some(w) => w,
-                None => self.pick(0, &self.encoders.clone()),
+                None => self.pick(0),
             };
             let idx = kept.len() as u32;
             kept.push(img);
@@ -495,34 +530,6 @@ impl<'a> Simulation<'a> {
             self.images_ready(now, job)?;
         }
         Ok(())
-    }
-
-    fn image_fp(
-        &mut self,
-        ctx: &ModelCtx,
-        img: &Img,
-        scope: Option<u64>,
-    ) -> Result<moonagent_core::fingerprint::ImageFp, String> {
-        // A pure function of (model, grid, content, scope): memoised so the simulator pays
-        // BLAKE2b once per distinct image, not once per reference.
-        let key = (
-            ctx.fp().0,
-            img.content,
-            scope,
-            img.grid.t,
-            img.grid.h,
-            img.grid.w,
-        );
-        if let Some(fp) = self.fp_memo.get(&key) {
-            return Ok(*fp);
-        }
-        let mut h = ImageHasher::new(&ctx.fp(), img.grid, &[16], Dtype::U8)
-            .map_err(err("image fingerprint"))?;
-        h.update(&img.content.to_le_bytes());
-        h.update(&scope.unwrap_or(u64::MAX).to_le_bytes());
-        let fp = h.finish().map_err(err("image fingerprint"))?;
-        self.fp_memo.insert(key, fp);
-        Ok(fp)
     }
 
     fn transfer(
@@ -578,17 +585,18 @@ impl<'a> Simulation<'a> {
     fn image_stored(&mut self, now: Time, job: Job, idx: u32) -> Result<(), String> {
         let img = self.jobs[job as usize].images[idx as usize];
         let tenant = self.trace[self.jobs[job as usize].trace_idx as usize].tenant;
-        let ctx = self.ctx(tenant)?;
+        let ci = self.ctx_index(tenant)?;
+        let ctx = &self.ctxs[ci];
         // B1 keys are request-scoped (no cross-request reuse); B2+ are content-addressed.
         let scope = if self.cfg.mode.cache() {
             None
         } else {
             Some(u64::from(job))
         };
-        let fp = self.image_fp(&ctx, &img, scope)?;
+        let fp = image_fp(&mut self.fp_memo, ctx, &img, scope)?;
         let exp = ctx.expect(img.grid).map_err(err("image grid"))?;
         self.cache
-            .commit_size_only(now, &ctx, fp, img.grid)
+            .commit_size_only(now, ctx, fp, img.grid)
             .map_err(err("cache commit"))?;
         // Cache is transport: the prefill side reads the fresh output back through the
         // validated path (counted as a readback, not a hit). If the store refused or lost
@@ -616,18 +624,18 @@ impl<'a> Simulation<'a> {
             wk.pre_q_tokens += u64::from(new);
             return self.kick(now, w);
         }
-        let w = self.pick(1, &self.prefills.clone());
+        let w = self.pick(1);
         self.jobs[job as usize].prefill_worker = w;
         // Prefix KV from the store: the leading run of present blocks is reused.
         let mut hit_blocks = 0u64;
         let mut missing = Vec::new();
         if self.cfg.kv_prefix_store {
             let tr = &self.trace[self.jobs[job as usize].trace_idx as usize];
-            let blocks = tr.prompt_blocks.clone();
             let mut prefix = true;
-            for b in blocks {
+            let mut key = String::with_capacity(24);
+            for &b in &tr.prompt_blocks {
                 self.kv_lookups += 1;
-                let key = format!("kv:{b}");
+                kv_key(&mut key, b);
                 let found = self
                     .cache
                     .store_mut()
@@ -677,7 +685,7 @@ impl<'a> Simulation<'a> {
         if wk.pre && !wk.pre_q.is_empty() {
             return self.start_prefill(now, w);
         }
-        if wk.dec && (!wk.running.is_empty() || !wk.dec_wait.is_empty()) {
+        if wk.dec && (!wk.batch.is_empty() || !wk.dec_wait.is_empty()) {
             return self.start_decode(now, w);
         }
         Ok(())
@@ -741,34 +749,31 @@ impl<'a> Simulation<'a> {
 
     fn start_decode(&mut self, now: Time, w: WorkerId) -> Result<(), String> {
         // Admit waiting sequences while the batch and the KV pool allow.
-        while self.workers[w as usize].running.len() < self.cfg.decode_max_batch as usize {
+        while self.workers[w as usize].batch.len() < self.cfg.decode_max_batch {
             let Some(&job) = self.workers[w as usize].dec_wait.front() else {
                 break;
             };
             let ctx = u64::from(self.jobs[job as usize].prompt) + 1;
-            let pool = self.workers[w as usize]
-                .pool
-                .as_mut()
-                .ok_or("decode worker without a KV pool")?;
+            let wk = &mut self.workers[w as usize];
+            let pool = wk.pool.as_mut().ok_or("decode worker without a KV pool")?;
             match pool.allocate(ctx) {
                 Ok(seq) => {
-                    self.workers[w as usize].dec_wait.pop_front();
-                    if self.jobs[job as usize].preempted {
+                    wk.dec_wait.pop_front();
+                    let j = &mut self.jobs[job as usize];
+                    if j.preempted {
                         // Recompute the lost KV before the sequence decodes again.
-                        self.workers[w as usize].extra_ns +=
-                            self.cost.prefill_time_ns(ctx as u32, 0);
-                        self.jobs[job as usize].preempted = false;
+                        wk.extra_ns += self.cost.prefill_time_ns(ctx as u32, 0);
+                        j.preempted = false;
                     }
-                    self.jobs[job as usize].seq = Some(seq);
-                    self.workers[w as usize]
-                        .running
-                        .push(Running { job, seq, ctx });
+                    j.seq = Some(seq);
+                    wk.batch
+                        .admit(pool, job, seq, ctx, u64::from(j.decode_left))?;
                 }
                 Err(_) => break,
             }
         }
         let wk = &mut self.workers[w as usize];
-        if wk.running.is_empty() {
+        if wk.batch.is_empty() {
             if wk.dec_wait.is_empty() {
                 return Ok(());
             }
@@ -777,10 +782,9 @@ impl<'a> Simulation<'a> {
                 self.jobs[wk.dec_wait[0] as usize].prompt
             ));
         }
-        let ctx_sum: u64 = wk.running.iter().map(|r| r.ctx).sum();
         let dur = self
             .cost
-            .decode_iter_time_ns(wk.running.len() as u32, ctx_sum)
+            .decode_iter_time_ns(wk.batch.len(), wk.batch.ctx_sum())
             + std::mem::take(&mut wk.extra_ns);
         wk.inflight = Inflight::Decode;
         self.q.push(now + dur, P_STEP, Ev::StepDone(w));
@@ -849,7 +853,8 @@ impl<'a> Simulation<'a> {
         if !missing.is_empty() && self.cfg.mode.disaggregated() {
             let block_bytes = u64::from(self.block_size) * self.spec.kv_bytes_per_token();
             for b in missing {
-                let key = format!("kv:{b}");
+                let mut key = String::with_capacity(24);
+                kv_key(&mut key, b);
                 match self.cache.store_mut().put_with(
                     now,
                     key,
@@ -866,7 +871,7 @@ impl<'a> Simulation<'a> {
             }
         }
         let dec = if self.cfg.mode.disaggregated() {
-            self.pick(2, &self.decodes.clone())
+            self.pick(2)
         } else {
             w
         };
@@ -884,43 +889,17 @@ impl<'a> Simulation<'a> {
     }
 
     fn decode_done(&mut self, now: Time, w: WorkerId) -> Result<(), String> {
-        let mut running = std::mem::take(&mut self.workers[w as usize].running);
-        let mut keep = Vec::with_capacity(running.len());
-        let mut finished = Vec::new();
-        let mut preempt = Vec::new();
-        for r in running.drain(..) {
-            let j = &mut self.jobs[r.job as usize];
-            if j.decode_left == 0 {
-                finished.push(r);
-                continue;
-            }
-            j.decode_left -= 1;
-            let top = j.top as usize;
-            self.tops[top].rec.output_tokens += 1;
-            let pool = self.workers[w as usize]
-                .pool
-                .as_mut()
-                .ok_or("decode worker without a KV pool")?;
-            match pool.append(r.seq, 1) {
-                Ok(out) => {
-                    if let Some(c) = out.cow {
-                        self.s.fork_copy_bytes += c.bytes;
-                    }
-                    let r = Running {
-                        ctx: r.ctx + 1,
-                        ..r
-                    };
-                    if self.jobs[r.job as usize].decode_left == 0 {
-                        finished.push(r);
-                    } else {
-                        keep.push(r);
-                    }
-                }
-                Err(_) => preempt.push(r),
-            }
+        let mut out = std::mem::take(&mut self.step_out);
+        let wk = &mut self.workers[w as usize];
+        let pool = wk.pool.as_mut().ok_or("decode worker without a KV pool")?;
+        wk.batch.step(pool, &mut out)?;
+        self.s.fork_copy_bytes += out.cow_bytes;
+        for &(job, n) in &out.credits {
+            let j = &mut self.jobs[job as usize];
+            j.decode_left = j.decode_left.saturating_sub(n as u32);
+            self.tops[j.top as usize].rec.output_tokens += n;
         }
-        self.workers[w as usize].running = keep;
-        for r in preempt {
+        for r in &out.preempted {
             // KV pool full: drop this sequence's KV; it recomputes on re-admission.
             if let Some(pool) = self.workers[w as usize].pool.as_mut() {
                 let _ = pool.release(r.seq);
@@ -933,13 +912,18 @@ impl<'a> Simulation<'a> {
             j.prompt = r.ctx as u32;
             self.workers[w as usize].dec_wait.push_front(r.job);
         }
-        for r in finished {
-            self.job_finished(now, w, r)?;
+        let mut res = Ok(());
+        for &r in &out.finished {
+            res = self.job_finished(now, w, r);
+            if res.is_err() {
+                break;
+            }
         }
-        Ok(())
+        self.step_out = out;
+        res
     }
 
-    fn job_finished(&mut self, now: Time, w: WorkerId, r: Running) -> Result<(), String> {
+    fn job_finished(&mut self, now: Time, w: WorkerId, r: Leaving) -> Result<(), String> {
         let job = r.job;
         let top = self.jobs[job as usize].top as usize;
         if self.jobs[job as usize].fork_after {
@@ -977,11 +961,9 @@ impl<'a> Simulation<'a> {
                             );
                             self.jobs[b as usize].seq = Some(*seq);
                             self.jobs[b as usize].decode_worker = w;
-                            self.workers[w as usize].running.push(Running {
-                                job: b,
-                                seq: *seq,
-                                ctx: r.ctx,
-                            });
+                            let wk = &mut self.workers[w as usize];
+                            let pool = wk.pool.as_ref().ok_or("decode worker without a KV pool")?;
+                            wk.batch.admit(pool, b, *seq, r.ctx, u64::from(tokens))?;
                         }
                         return Ok(());
                     }
@@ -1037,6 +1019,14 @@ impl<'a> Simulation<'a> {
     }
 
     fn finish(mut self, arrived: usize) -> (Summary, Vec<RequestRecord>) {
+        // Tokens of completed decode iterations the batches have not reported yet (a run
+        // cut off by its horizon).
+        for wk in &self.workers {
+            for (job, n) in wk.batch.unreported() {
+                let top = self.jobs[job as usize].top as usize;
+                self.tops[top].rec.output_tokens += n;
+            }
+        }
         let mut s = std::mem::take(&mut self.s);
         s.events = self.q.popped();
         s.kv_pages_in_use = self
@@ -1102,6 +1092,25 @@ impl<'a> Simulation<'a> {
     }
 }
 
+/// The store key of prefix KV block `b` (`kv:<decimal id>`), written into `out`.
+fn kv_key(out: &mut String, b: u64) {
+    out.clear();
+    out.push_str("kv:");
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut v = b;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    // ASCII digits: always valid UTF-8.
+    out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or_default());
+}
+
 fn s_ms(ms: f64) -> f64 {
     ms * 1e6
 }
@@ -1113,4 +1122,16 @@ pub fn simulate(
     block_size: u32,
 ) -> Result<(Summary, Vec<RequestRecord>), String> {
     Simulation::new(cfg, trace, block_size)?.run()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kv_key_is_the_decimal_id() {
+        let mut k = String::from("stale");
+        for b in [0u64, 7, 10, 4_096, 1 << 40, u64::MAX] {
+            super::kv_key(&mut k, b);
+            assert_eq!(k, format!("kv:{b}"));
+        }
+    }
 }

@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod decode;
 pub mod engine;
 pub mod ladder;
 pub mod metrics;
