@@ -7,6 +7,12 @@
 //!   buffer, checksum) with XXH3-64 and with BLAKE2b-64, vs a plain copy of the same bytes.
 //!   Target: <= 1.2x the copy with XXH3-64.
 //!
+//! - `size_only`: the simulator's per-image calls over a `MemStore<String>`, per call:
+//!   `lookup_size_only` hits (cycling over 256 committed images), `readback_size_only`
+//!   of those, `commit_size_only` re-commits, and a commit of a never-seen image followed
+//!   by its readback (request-scoped keys); each with the envelope memo on (`memo`, the
+//!   default) and off (`no_memo`).
+//!
 //! After the groups run, the medians are read back from criterion's estimates and the
 //! ratios printed (`cargo bench -p moonagent-core --bench mm_cache`).
 
@@ -112,6 +118,10 @@ fn bench_validated_hit(c: &mut Criterion) {
         cache.commit(0, &ctx, fp, GRID, &src).expect("commit");
         let exp = ctx.expect(GRID).expect("grid");
         let mut recv = vec![0u8; exp_len];
+        // Checked up front, so the check holds when a filter skips the benchmark.
+        let r = cache.lookup(0, &fp, &exp, &mut recv);
+        assert!(matches!(r, Ok(Lookup::Hit { .. })));
+        assert_eq!(recv, src);
         g.bench_with_input(BenchmarkId::new("lookup", algo.name()), &algo, |b, _| {
             b.iter(|| {
                 let r = cache.lookup(0, &fp, &exp, black_box(&mut recv));
@@ -119,7 +129,71 @@ fn bench_validated_hit(c: &mut Criterion) {
                 black_box(&recv);
             })
         });
-        assert_eq!(recv, src);
+    }
+    g.finish();
+}
+
+fn bench_size_only(c: &mut Criterion) {
+    use moonagent_core::fingerprint::ImageFp;
+    let mut g = c.benchmark_group("size_only");
+    let ctx = ModelCtx::new(ModelParts::example("bench"), HIDDEN).expect("valid ctx");
+    let exp = ctx.expect(GRID).expect("grid");
+    let fp_of = |i: u64| {
+        let mut b = [0u8; 32];
+        b[..8].copy_from_slice(&i.to_le_bytes());
+        b[8..16].copy_from_slice(&i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
+        ImageFp(b)
+    };
+    const N: u64 = 256;
+    // With the envelope memo (the default) and without it (JSON on every call).
+    for (memo, name) in [(true, "memo"), (false, "no_memo")] {
+        let store = MemStore::new(MemStoreConfig::with_capacity(1 << 50)).expect("cfg");
+        let mut cache = MmCache::new(store);
+        cache.set_envelope_memo(memo);
+        for i in 0..N {
+            cache
+                .commit_size_only(0, &ctx, fp_of(i), GRID)
+                .expect("commit");
+        }
+        let mut i = 0u64;
+        g.bench_function(BenchmarkId::new("lookup_hit", name), |b| {
+            b.iter(|| {
+                i = (i + 1) % N;
+                let r = cache.lookup_size_only(0, &fp_of(i), &exp);
+                assert!(matches!(r, Ok(Lookup::Hit { .. })));
+            })
+        });
+        g.bench_function(BenchmarkId::new("readback", name), |b| {
+            b.iter(|| {
+                i = (i + 1) % N;
+                let r = cache.readback_size_only(0, &fp_of(i), &exp);
+                assert!(matches!(r, Ok(Lookup::Hit { .. })));
+            })
+        });
+        g.bench_function(BenchmarkId::new("commit", name), |b| {
+            b.iter(|| {
+                i = (i + 1) % N;
+                black_box(
+                    cache
+                        .commit_size_only(0, &ctx, fp_of(i), GRID)
+                        .expect("commit"),
+                );
+            })
+        });
+        // Request-scoped keys: a never-seen image committed, then read back.
+        let store = MemStore::new(MemStoreConfig::with_capacity(1 << 62)).expect("cfg");
+        let mut fresh = MmCache::new(store);
+        fresh.set_envelope_memo(memo);
+        let mut j = 1u64 << 40;
+        g.bench_function(BenchmarkId::new("commit_new_then_readback", name), |b| {
+            b.iter(|| {
+                j += 1;
+                let fp = fp_of(j);
+                black_box(fresh.commit_size_only(0, &ctx, fp, GRID).expect("commit"));
+                let r = fresh.readback_size_only(0, &fp, &exp);
+                assert!(matches!(r, Ok(Lookup::Hit { .. })));
+            })
+        });
     }
     g.finish();
 }
@@ -204,6 +278,7 @@ fn main() {
         .configure_from_args();
     bench_image_fp(&mut c);
     bench_validated_hit(&mut c);
+    bench_size_only(&mut c);
     c.final_summary();
     // Without `--bench` (e.g. under `cargo test`) criterion only smoke-tests each
     // benchmark and writes no estimates: a summary would show a previous run's numbers.

@@ -233,9 +233,152 @@ impl Envelope {
     }
 }
 
+/// The two lowercase hex digits of every byte (the same as `ImageFp`'s `Display`).
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [DIGITS[i >> 4], DIGITS[i & 0xf]];
+        i += 1;
+    }
+    t
+};
+
+/// An image fingerprint's 64 lowercase hex digits: its `Display` text, written without
+/// the formatter. The hot path computes it once per call, for both keys and the
+/// envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FpHex([u8; FP_HEX]);
+
+impl FpHex {
+    /// The hex of `fp`.
+    pub(crate) fn of(fp: &ImageFp) -> Self {
+        let mut out = [0u8; FP_HEX];
+        for (pair, &b) in out.chunks_exact_mut(2).zip(&fp.0) {
+            pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
+        }
+        Self(out)
+    }
+
+    /// Append the digits to `out`.
+    pub(crate) fn push_to(&self, out: &mut String) {
+        match std::str::from_utf8(&self.0) {
+            Ok(s) => out.push_str(s),
+            // Not reached (only ASCII digits are written), and right regardless.
+            Err(_) => out.extend(self.0.iter().map(|&b| char::from(b))),
+        }
+    }
+}
+
+/// How every body this build writes opens: serde writes the fields in declaration order,
+/// so the image fingerprint's 64 hex digits follow at a fixed offset.
+const FP_PREFIX: &[u8] = b"{\"schema_version\":1,\"fp\":\"";
+/// Hex digits of an image fingerprint.
+const FP_HEX: usize = 64;
+
+/// The wire form of a family of envelopes that differ only in their image fingerprint.
+///
+/// Learned from one envelope ([`Template::learn`]): its encoded body, checked to hold the
+/// fingerprint's hex at the fixed offset, and checked to decode back to that envelope.
+/// Since the fingerprint is serialized on its own (`"fp":"<64 hex>"`) and nothing else
+/// in the body depends on it, for any `fp`:
+///
+/// - [`Template::encode`] is byte-for-byte `Envelope { fp, ..learned }.encode()`;
+/// - [`Template::recognize`] returns `Some(fp)` only for a frame that is exactly that
+///   encoding (valid frame checksum, lowercase hex), whose [`Envelope::decode`] is
+///   therefore `Ok(Envelope { fp, ..learned })`; every other input is `None` and must
+///   take [`Envelope::decode`].
+///
+/// This is how the cache skips JSON on its hot path without changing a single result.
+#[derive(Debug, Clone)]
+pub(crate) struct Template {
+    env: Envelope,
+    body: Box<[u8]>,
+}
+
+impl Template {
+    /// The template of `env`'s family, or `None` when `env` does not encode to the
+    /// expected shape or does not decode back to itself (then callers use the slow path).
+    pub(crate) fn learn(env: &Envelope) -> Option<Self> {
+        let frame = env.encode().ok()?;
+        Self::from_frame(env, &frame)
+    }
+
+    /// [`Template::learn`] from `frame`, which must be `env.encode()`'s output.
+    pub(crate) fn from_frame(env: &Envelope, frame: &[u8]) -> Option<Self> {
+        let body = frame.get(HEADER_LEN..)?;
+        let off = FP_PREFIX.len();
+        let shaped = body.starts_with(FP_PREFIX)
+            && body.get(off..off + FP_HEX) == Some(&FpHex::of(&env.fp).0[..])
+            && body.get(off + FP_HEX) == Some(&b'"');
+        if !shaped || Envelope::decode(frame).ok().as_ref() != Some(env) {
+            return None;
+        }
+        Some(Self {
+            env: env.clone(),
+            body: body.into(),
+        })
+    }
+
+    /// The envelope learned (its `fp` is the one it was learned from; the rest is the
+    /// whole family's).
+    pub(crate) fn envelope(&self) -> &Envelope {
+        &self.env
+    }
+
+    /// The framed wire form of the family's envelope for the fingerprint whose hex is
+    /// `fp`: identical to `Envelope { fp, ..self.envelope().clone() }.encode()`.
+    pub(crate) fn encode(&self, fp: &FpHex) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + self.body.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&[0u8; 8]);
+        out.extend_from_slice(&self.body);
+        let off = HEADER_LEN + FP_PREFIX.len();
+        out[off..off + FP_HEX].copy_from_slice(&fp.0);
+        let sum = xxh3_64(&out[HEADER_LEN..]);
+        out[4..HEADER_LEN].copy_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Whether `bytes` is exactly the family's frame for some fingerprint `g` (valid
+    /// frame checksum, lowercase hex), and then whether `g` is the one whose hex is `fp`:
+    /// `Some(true)` means `Envelope::decode(bytes)` is `Ok(Envelope { fp, ..family })`,
+    /// `Some(false)` that it is `Ok(Envelope { g, ..family })` with `g != fp`. `None`
+    /// for everything else, valid or not: the caller decodes those.
+    pub(crate) fn recognize(&self, bytes: &[u8], fp: &FpHex) -> Option<bool> {
+        let magic = bytes.get(..4)?;
+        let sum = bytes.get(4..HEADER_LEN)?;
+        let body = bytes.get(HEADER_LEN..)?;
+        if magic != MAGIC || body.len() != self.body.len() {
+            return None;
+        }
+        let (off, end) = (FP_PREFIX.len(), FP_PREFIX.len() + FP_HEX);
+        if body[..off] != self.body[..off] || body[end..] != self.body[end..] {
+            return None;
+        }
+        let window = &body[off..end];
+        let same = window == fp.0;
+        if !same
+            && !window
+                .iter()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return None;
+        }
+        let mut s = [0u8; 8];
+        s.copy_from_slice(sum);
+        if xxh3_64(body) != u64::from_le_bytes(s) {
+            return None;
+        }
+        Some(same)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn sample() -> Envelope {
         let parts = ModelParts::example("t");
@@ -290,6 +433,149 @@ mod tests {
             Envelope::decode(&framed),
             Err(EnvelopeError::SchemaMismatch { found: 9 })
         );
+    }
+
+    fn size_only_sample() -> Envelope {
+        Envelope {
+            checksum: None,
+            ..sample()
+        }
+    }
+
+    #[test]
+    fn templates_are_learned_for_this_schema_with_or_without_checksum() {
+        for env in [sample(), size_only_sample()] {
+            let t = Template::learn(&env).expect("this build's envelopes have a template");
+            let frame = env.encode().expect("encodes");
+            assert_eq!(t.recognize(&frame, &FpHex::of(&env.fp)), Some(true));
+            assert_eq!(
+                t.recognize(&frame, &FpHex::of(&ImageFp([0; 32]))),
+                Some(false)
+            );
+            assert_eq!(t.encode(&FpHex::of(&env.fp)), frame);
+        }
+        // Another schema version decodes to an error: never a template.
+        let mut old = size_only_sample();
+        old.schema_version = 0;
+        assert!(Template::learn(&old).is_none());
+    }
+
+    #[test]
+    fn fp_hex_is_the_display_text() {
+        let fp = ImageFp(std::array::from_fn(|i| (i * 37 + 5) as u8));
+        let mut s = String::from("x:");
+        FpHex::of(&fp).push_to(&mut s);
+        assert_eq!(s, format!("x:{fp}"));
+    }
+
+    /// One mutation of a frame.
+    #[derive(Debug, Clone)]
+    enum Mutation {
+        /// XOR a byte.
+        Flip(prop::sample::Index, u8),
+        /// Cut the frame short.
+        Truncate(prop::sample::Index),
+        /// Insert a byte.
+        Insert(prop::sample::Index, u8),
+        /// Upper-case one of the fingerprint's hex digits.
+        UpperFpDigit(prop::sample::Index),
+        /// Overwrite one of the fingerprint's hex digits (hex of either case, or not).
+        SetFpDigit(prop::sample::Index, prop::sample::Index),
+        /// Recompute the frame checksum (so body edits reach the JSON parser).
+        Reframe,
+    }
+
+    fn mutation() -> impl Strategy<Value = Mutation> {
+        prop_oneof![
+            4 => (any::<prop::sample::Index>(), 1u8..=255).prop_map(|(i, x)| Mutation::Flip(i, x)),
+            1 => any::<prop::sample::Index>().prop_map(Mutation::Truncate),
+            1 => (any::<prop::sample::Index>(), any::<u8>()).prop_map(|(i, x)| Mutation::Insert(i, x)),
+            2 => any::<prop::sample::Index>().prop_map(Mutation::UpperFpDigit),
+            3 => (any::<prop::sample::Index>(), any::<prop::sample::Index>())
+                .prop_map(|(i, d)| Mutation::SetFpDigit(i, d)),
+            3 => Just(Mutation::Reframe),
+        ]
+    }
+
+    fn apply(frame: &mut Vec<u8>, m: &Mutation) {
+        match m {
+            Mutation::Flip(i, x) if !frame.is_empty() => {
+                let i = i.index(frame.len());
+                frame[i] ^= x;
+            }
+            Mutation::Truncate(i) => {
+                let n = i.index(frame.len() + 1);
+                frame.truncate(n);
+            }
+            Mutation::Insert(i, x) => {
+                let i = i.index(frame.len() + 1);
+                frame.insert(i, *x);
+            }
+            Mutation::UpperFpDigit(i) => {
+                let at = HEADER_LEN + FP_PREFIX.len() + i.index(FP_HEX);
+                if let Some(b) = frame.get_mut(at) {
+                    *b = b.to_ascii_uppercase();
+                }
+            }
+            Mutation::SetFpDigit(i, d) => {
+                const DIGITS: &[u8] = b"0123456789abcdefABCDEFgz\" ";
+                let at = HEADER_LEN + FP_PREFIX.len() + i.index(FP_HEX);
+                if let Some(b) = frame.get_mut(at) {
+                    *b = DIGITS[d.index(DIGITS.len())];
+                }
+            }
+            Mutation::Reframe if frame.len() >= HEADER_LEN => {
+                let sum = xxh3_64(&frame[HEADER_LEN..]);
+                frame[4..HEADER_LEN].copy_from_slice(&sum.to_le_bytes());
+            }
+            _ => {}
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 2048, failure_persistence: None, ..Default::default() })]
+
+        /// The template path agrees with a fresh `Envelope::decode` on mutated frames:
+        /// whenever it recognizes bytes, they decode to the family's envelope, with the
+        /// probed fingerprint exactly when it says so; the unmutated frame it always
+        /// recognizes. Recognizing twice gives the same answer (no state).
+        #[test]
+        fn template_agrees_with_decode_on_mutated_frames(
+            fp in any::<[u8; 32]>(),
+            other in any::<[u8; 32]>(),
+            probe_other in any::<bool>(),
+            with_sum in any::<bool>(),
+            edits in proptest::collection::vec(mutation(), 0..5),
+        ) {
+            let base = if with_sum { sample() } else { size_only_sample() };
+            // Learned from one fingerprint, used with another.
+            let t = Template::learn(&Envelope { fp: ImageFp(other), ..base.clone() })
+                .expect("template");
+            let family = Envelope { fp: ImageFp(fp), ..base };
+            let clean = family.encode().expect("encodes");
+            prop_assert_eq!(&t.encode(&FpHex::of(&ImageFp(fp))), &clean);
+            let mut frame = clean.clone();
+            for m in &edits {
+                apply(&mut frame, m);
+            }
+            let probe = ImageFp(if probe_other { other } else { fp });
+            let hex = FpHex::of(&probe);
+            let fresh = Envelope::decode(&frame);
+            let first = t.recognize(&frame, &hex);
+            prop_assert_eq!(first, t.recognize(&frame, &hex));
+            match first {
+                Some(true) => prop_assert_eq!(fresh, Ok(Envelope { fp: probe, ..family.clone() })),
+                Some(false) => {
+                    let env = fresh.expect("recognized frames decode");
+                    prop_assert_ne!(env.fp, probe);
+                    prop_assert_eq!(env.clone(), Envelope { fp: env.fp, ..family.clone() });
+                }
+                None => {}
+            }
+            if frame == clean {
+                prop_assert_eq!(first, Some(probe == ImageFp(fp)));
+            }
+        }
     }
 
     #[test]

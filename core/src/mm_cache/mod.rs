@@ -25,13 +25,17 @@
 
 pub mod demo;
 pub mod envelope;
+#[cfg(test)]
+mod memo_tests;
 pub mod plan;
 
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::fingerprint::{Dtype, FingerprintError, GridThw, ImageFp, ModelFp, ModelParts};
 use crate::store::{DataType, Nanos, Payload, ReplicateConfig, Store, StoreError};
+use envelope::{FpHex, Template};
 
 pub use envelope::{
     Checksum, ChecksumAlgo, Envelope, EnvelopeError, MAX_META_BYTES, SCHEMA_VERSION,
@@ -45,13 +49,29 @@ pub const META_PREFIX: &str = "mc:mmmeta:";
 
 /// The blob key of `fp`.
 pub fn blob_key(fp: &ImageFp) -> String {
-    format!("{BLOB_PREFIX}{fp}")
+    let mut k = String::new();
+    write_key(&mut k, BLOB_PREFIX, &FpHex::of(fp));
+    k
 }
 
 /// The meta key of `fp`.
 pub fn meta_key(fp: &ImageFp) -> String {
-    format!("{META_PREFIX}{fp}")
+    let mut k = String::new();
+    write_key(&mut k, META_PREFIX, &FpHex::of(fp));
+    k
 }
+
+/// Overwrite `buf` with `prefix` and the fingerprint's hex: the text of
+/// `format!("{prefix}{fp}")`, without the formatter (the hot path builds its keys into
+/// reused buffers).
+fn write_key(buf: &mut String, prefix: &str, hex: &FpHex) {
+    buf.clear();
+    buf.push_str(prefix);
+    hex.push_to(buf);
+}
+
+/// Envelope templates kept before the memo starts over (each about 1 KiB).
+const MEMO_CAP: usize = 4096;
 
 /// Initial meta receive buffer; envelopes are well under 1 KiB.
 const META_BUF: usize = 4096;
@@ -453,10 +473,18 @@ impl Expected<'_> {
 
     /// The first field of `env` that disagrees, as a miss reason.
     fn check(&self, fp: &ImageFp, env: &Envelope) -> Option<MissReason> {
-        let c = self.ctx;
         if env.fp != *fp {
             Some(MissReason::KeyMismatch)
-        } else if env.tenant != c.parts.tenant {
+        } else {
+            self.check_rest(env)
+        }
+    }
+
+    /// [`Expected::check`] after the image fingerprint: every field but `fp`,
+    /// `schema_version` and `checksum`, in the same order.
+    fn check_rest(&self, env: &Envelope) -> Option<MissReason> {
+        let c = self.ctx;
+        if env.tenant != c.parts.tenant {
             Some(MissReason::TenantMismatch)
         } else if env.model_fp != c.fp {
             Some(MissReason::ModelFpMismatch)
@@ -474,6 +502,68 @@ impl Expected<'_> {
             None
         }
     }
+
+    /// Whether `env`, with its `fp` replaced, is exactly `self.envelope(fp, None)`.
+    fn is_size_only_envelope(&self, env: &Envelope) -> bool {
+        env.schema_version == SCHEMA_VERSION
+            && env.checksum.is_none()
+            && self.check_rest(env).is_none()
+    }
+
+    /// What, besides the image fingerprint, determines `self.envelope(_, None)`, up to the
+    /// model parts behind the model fingerprint (compared in full on use).
+    fn template_key(&self) -> TemplateKey {
+        TemplateKey {
+            model_fp: self.ctx.fp,
+            dtype: self.ctx.embed_dtype,
+            shape: [self.tokens, self.ctx.hidden],
+            grid: self.grid,
+            byte_len: self.byte_len,
+        }
+    }
+}
+
+/// The envelope template memo's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct TemplateKey {
+    model_fp: ModelFp,
+    dtype: Dtype,
+    shape: [u64; 2],
+    grid: GridThw,
+    byte_len: u64,
+}
+
+/// Envelope templates by expectation: a pure speed-up. A size-only commit whose template
+/// is known splices the fingerprint into its bytes instead of serializing JSON; a lookup
+/// whose meta is exactly a template's frame skips JSON parsing. Every other input takes
+/// [`Envelope::encode`] / [`Envelope::decode`], and results are the same either way
+/// (see [`Template`]); bounded, and deterministic.
+#[derive(Debug)]
+struct Memo {
+    on: bool,
+    templates: FxHashMap<TemplateKey, Template>,
+}
+
+impl Memo {
+    fn learn(&mut self, key: TemplateKey, env: &Envelope, frame: Option<&[u8]>) {
+        let t = match frame {
+            Some(f) => Template::from_frame(env, f),
+            None => Template::learn(env),
+        };
+        if let Some(t) = t {
+            if self.templates.len() >= MEMO_CAP {
+                self.templates.clear();
+            }
+            self.templates.insert(key, t);
+        }
+    }
+}
+
+/// An envelope's fields a lookup needs after validation.
+struct Validated {
+    miss: Option<MissReason>,
+    byte_len: u64,
+    checksum: Option<Checksum>,
 }
 
 /// Store options for cache objects.
@@ -511,6 +601,12 @@ pub struct MmCache<S: Store> {
     cfg: CacheConfig,
     counters: CacheCounters,
     meta_buf: Vec<u8>,
+    /// The current call's image fingerprint in hex, and its meta and blob keys (built once
+    /// per call, buffers reused).
+    hex: FpHex,
+    mk: String,
+    bk: String,
+    memo: Memo,
 }
 
 impl<S: Store> MmCache<S> {
@@ -526,7 +622,29 @@ impl<S: Store> MmCache<S> {
             cfg,
             counters: CacheCounters::default(),
             meta_buf: vec![0; META_BUF],
+            hex: FpHex::of(&ImageFp([0; 32])),
+            mk: String::with_capacity(META_PREFIX.len() + 64),
+            bk: String::with_capacity(BLOB_PREFIX.len() + 64),
+            memo: Memo {
+                on: true,
+                templates: FxHashMap::default(),
+            },
         }
+    }
+
+    /// Whether lookups and size-only commits reuse envelope templates (on by default).
+    /// Results, counters and store operations are identical either way; off runs
+    /// [`Envelope::encode`] and [`Envelope::decode`] on every call (tests, benchmarks).
+    pub fn set_envelope_memo(&mut self, on: bool) {
+        self.memo.on = on;
+        self.memo.templates.clear();
+    }
+
+    /// Point the hex and key buffers at `fp`.
+    fn set_keys(&mut self, fp: &ImageFp) {
+        self.hex = FpHex::of(fp);
+        write_key(&mut self.mk, META_PREFIX, &self.hex);
+        write_key(&mut self.bk, BLOB_PREFIX, &self.hex);
     }
 
     /// The store.
@@ -574,7 +692,13 @@ impl<S: Store> MmCache<S> {
         }
         let sum = Checksum::of(ctx.checksum, bytes);
         let env = exp.envelope(fp, Some(sum));
-        let r = self.commit_pair(now, &fp, &env, Payload::Bytes(bytes.to_vec()));
+        let r = match env.encode() {
+            Ok(meta) => {
+                self.set_keys(&fp);
+                self.commit_pair(now, meta, Payload::Bytes(bytes.to_vec()))
+            }
+            Err(e) => Err(e.into()),
+        };
         self.count_client_error(r)
     }
 
@@ -588,9 +712,34 @@ impl<S: Store> MmCache<S> {
         grid: GridThw,
     ) -> Result<CommitOutcome, CacheError> {
         let exp = ctx.expect(grid)?;
-        let env = exp.envelope(fp, None);
-        let r = self.commit_pair(now, &fp, &env, Payload::SizeOnly(exp.byte_len));
+        self.set_keys(&fp);
+        let r = match self.size_only_meta(&exp, &fp) {
+            Ok(meta) => self.commit_pair(now, meta, Payload::SizeOnly(exp.byte_len)),
+            Err(e) => Err(e.into()),
+        };
         self.count_client_error(r)
+    }
+
+    /// `exp.envelope(fp, None).encode()`, from the memo's template when it has one (the
+    /// keys must point at `fp`).
+    fn size_only_meta(
+        &mut self,
+        exp: &Expected<'_>,
+        fp: &ImageFp,
+    ) -> Result<Vec<u8>, EnvelopeError> {
+        if !self.memo.on {
+            return exp.envelope(*fp, None).encode();
+        }
+        let key = exp.template_key();
+        if let Some(t) = self.memo.templates.get(&key) {
+            if exp.is_size_only_envelope(t.envelope()) {
+                return Ok(t.encode(&self.hex));
+            }
+        }
+        let env = exp.envelope(*fp, None);
+        let meta = env.encode()?;
+        self.memo.learn(key, &env, Some(&meta));
+        Ok(meta)
     }
 
     /// Count a broken-client error on its way out of a public call (once per call).
@@ -601,27 +750,25 @@ impl<S: Store> MmCache<S> {
         r
     }
 
+    /// Commit `meta` and `blob` under the current keys ([`MmCache::set_keys`]).
     fn commit_pair(
         &mut self,
         now: Nanos,
-        fp: &ImageFp,
-        env: &Envelope,
+        meta: Vec<u8>,
         blob: Payload,
     ) -> Result<CommitOutcome, CacheError> {
-        let meta = env.encode()?;
-        let (mk, bk) = (meta_key(fp), blob_key(fp));
         // Retract the commit marker before touching the blob, so no reader ever pairs an
         // old meta with a new blob (or the reverse).
-        self.remove_quiet(now, &mk)?;
-        self.remove_quiet(now, &bk)?;
+        remove_quiet(&mut self.store, now, &self.mk)?;
+        remove_quiet(&mut self.store, now, &self.bk)?;
         let cfg = self.cfg.replicate;
-        if let Err(e) = self.store.put(now, &bk, blob, &cfg) {
+        if let Err(e) = self.store.put(now, &self.bk, blob, &cfg) {
             return self.commit_failed(e);
         }
-        if let Err(e) = self.store.put(now, &mk, Payload::Bytes(meta), &cfg) {
+        if let Err(e) = self.store.put(now, &self.mk, Payload::Bytes(meta), &cfg) {
             if !e.is_client_failure() {
                 // Free the orphan blob (it would only ever be a miss).
-                self.remove_quiet(now, &bk)?;
+                remove_quiet(&mut self.store, now, &self.bk)?;
             }
             return self.commit_failed(e);
         }
@@ -637,23 +784,17 @@ impl<S: Store> MmCache<S> {
         Ok(CommitOutcome::Failed(e))
     }
 
-    /// Force-remove `key`; absent or in-progress objects are fine, a client failure is not.
-    fn remove_quiet(&mut self, now: Nanos, key: &str) -> Result<(), CacheError> {
-        match self.store.remove(now, key, true) {
-            Err(e) if e.is_client_failure() => Err(CacheError::Store(e)),
-            _ => Ok(()),
-        }
-    }
-
     /// Remove the pair of `fp` (meta first). Returns an error only for a broken client.
     pub fn remove_pair(&mut self, now: Nanos, fp: &ImageFp) -> Result<(), CacheError> {
-        let r = self.remove_pair_inner(now, fp);
+        self.set_keys(fp);
+        let r = self.remove_pair_inner(now);
         self.count_client_error(r)
     }
 
-    fn remove_pair_inner(&mut self, now: Nanos, fp: &ImageFp) -> Result<(), CacheError> {
-        self.remove_quiet(now, &meta_key(fp))?;
-        self.remove_quiet(now, &blob_key(fp))
+    /// Remove the pair under the current keys ([`MmCache::set_keys`]), meta first.
+    fn remove_pair_inner(&mut self, now: Nanos) -> Result<(), CacheError> {
+        remove_quiet(&mut self.store, now, &self.mk)?;
+        remove_quiet(&mut self.store, now, &self.bk)
     }
 
     /// Validated lookup of `fp` into `recv` (a cache probe: counted as a hit or a miss).
@@ -729,11 +870,12 @@ impl<S: Store> MmCache<S> {
         r
     }
 
-    /// A miss of `reason`: counted, and for corruption the pair is deleted.
-    fn miss(&mut self, now: Nanos, fp: &ImageFp, reason: MissReason) -> Result<Lookup, CacheError> {
+    /// A miss of `reason`: counted, and for corruption the pair under the current keys
+    /// is deleted.
+    fn miss(&mut self, now: Nanos, reason: MissReason) -> Result<Lookup, CacheError> {
         self.counters.misses.add(reason);
         if reason.deletes_pair() {
-            self.remove_pair_inner(now, fp)?;
+            self.remove_pair_inner(now)?;
             self.counters.pairs_deleted += 1;
         }
         Ok(Lookup::Miss(reason))
@@ -743,7 +885,6 @@ impl<S: Store> MmCache<S> {
     fn read_error(
         &mut self,
         now: Nanos,
-        fp: &ImageFp,
         e: StoreError,
         on_blob: bool,
     ) -> Result<Lookup, CacheError> {
@@ -761,23 +902,76 @@ impl<S: Store> MmCache<S> {
             StoreError::ChecksumMismatch if on_blob => MissReason::CorruptBlob,
             _ => MissReason::StoreError,
         };
-        self.miss(now, fp, reason)
+        self.miss(now, reason)
     }
 
-    /// Read the meta at `key` into `meta_buf` (growing it once, up to [`MAX_META_BYTES`]);
-    /// returns its length.
-    fn read_meta(&mut self, now: Nanos, key: &str) -> Result<usize, StoreError> {
-        match self.store.get_into(now, key, &mut self.meta_buf) {
+    /// Read the meta at the current meta key into `meta_buf` (growing it once, up to
+    /// [`MAX_META_BYTES`]); returns its length.
+    fn read_meta(&mut self, now: Nanos) -> Result<usize, StoreError> {
+        match self.store.get_into(now, &self.mk, &mut self.meta_buf) {
             Err(StoreError::BufferTooSmall { needed, .. })
                 if needed as usize <= MAX_META_BYTES && needed as usize > self.meta_buf.len() =>
             {
                 self.meta_buf.resize(needed as usize, 0);
                 self.store
-                    .get_into(now, key, &mut self.meta_buf)
+                    .get_into(now, &self.mk, &mut self.meta_buf)
                     .map(|n| n as usize)
             }
             r => r.map(|n| n as usize),
         }
+    }
+
+    /// Decode and validate the meta read (`n` bytes of `meta_buf`) against `expect`: a
+    /// meta that is exactly a known template's frame skips JSON; everything else is
+    /// [`Envelope::decode`]d. `Err` is the decode's miss reason.
+    fn validate_meta(
+        &mut self,
+        n: usize,
+        fp: &ImageFp,
+        expect: &Expected<'_>,
+    ) -> Result<Validated, MissReason> {
+        let bytes = self.meta_buf.get(..n);
+        let key = self.memo.on.then(|| expect.template_key());
+        if let (Some(b), Some(key)) = (bytes, key) {
+            if let Some(t) = self.memo.templates.get(&key) {
+                if let Some(same) = t.recognize(b, &self.hex) {
+                    // `Envelope::decode(b)` is `t`'s envelope with some fingerprint, `fp`
+                    // exactly when `same`.
+                    let env = t.envelope();
+                    let miss = if same {
+                        expect.check_rest(env)
+                    } else {
+                        Some(MissReason::KeyMismatch)
+                    };
+                    return Ok(Validated {
+                        miss,
+                        byte_len: env.byte_len,
+                        checksum: env.checksum,
+                    });
+                }
+            }
+        }
+        let decoded = match bytes {
+            Some(b) => Envelope::decode(b),
+            None => Err(EnvelopeError::TooLarge { len: n }),
+        };
+        let env = match decoded {
+            Ok(env) => env,
+            Err(EnvelopeError::SchemaMismatch { .. }) => return Err(MissReason::SchemaMismatch),
+            Err(_) => return Err(MissReason::CorruptMeta),
+        };
+        let miss = expect.check(fp, &env);
+        if let Some(key) = key {
+            // A valid size-only envelope of this expectation: learn its family.
+            if miss.is_none() && env.checksum.is_none() && !self.memo.templates.contains_key(&key) {
+                self.memo.learn(key, &env, None);
+            }
+        }
+        Ok(Validated {
+            miss,
+            byte_len: env.byte_len,
+            checksum: env.checksum,
+        })
     }
 
     fn lookup_inner(
@@ -787,49 +981,49 @@ impl<S: Store> MmCache<S> {
         expect: &Expected<'_>,
         sink: Sink<'_>,
     ) -> Result<Lookup, CacheError> {
-        let mk = meta_key(fp);
-        let n = match self.read_meta(now, &mk) {
+        self.set_keys(fp);
+        let n = match self.read_meta(now) {
             Ok(n) => n,
-            Err(e) => return self.read_error(now, fp, e, false),
+            Err(e) => return self.read_error(now, e, false),
         };
-        let decoded = match self.meta_buf.get(..n) {
-            Some(b) => Envelope::decode(b),
-            None => Err(EnvelopeError::TooLarge { len: n }),
+        let env = match self.validate_meta(n, fp, expect) {
+            Ok(v) => v,
+            Err(reason) => return self.miss(now, reason),
         };
-        let env = match decoded {
-            Ok(env) => env,
-            Err(EnvelopeError::SchemaMismatch { .. }) => {
-                return self.miss(now, fp, MissReason::SchemaMismatch)
-            }
-            Err(_) => return self.miss(now, fp, MissReason::CorruptMeta),
-        };
-        if let Some(reason) = expect.check(fp, &env) {
-            return self.miss(now, fp, reason);
+        if let Some(reason) = env.miss {
+            return self.miss(now, reason);
         }
-        let bk = blob_key(fp);
         match sink {
-            Sink::SizeOnly => match self.store.get_size(now, &bk) {
+            Sink::SizeOnly => match self.store.get_size(now, &self.bk) {
                 Ok(n) if n == env.byte_len => Ok(Lookup::Hit { len: n }),
-                Ok(_) => self.miss(now, fp, MissReason::CorruptBlob),
-                Err(e) => self.read_error(now, fp, e, true),
+                Ok(_) => self.miss(now, MissReason::CorruptBlob),
+                Err(e) => self.read_error(now, e, true),
             },
             Sink::Bytes(recv) => {
                 let Some(sum) = env.checksum else {
-                    return self.miss(now, fp, MissReason::SizeOnly);
+                    return self.miss(now, MissReason::SizeOnly);
                 };
                 let dst = match usize::try_from(env.byte_len)
                     .ok()
                     .and_then(|len| recv.get_mut(..len))
                 {
                     Some(d) => d,
-                    None => return self.miss(now, fp, MissReason::RecvBufferTooSmall),
+                    None => return self.miss(now, MissReason::RecvBufferTooSmall),
                 };
-                match self.store.get_into(now, &bk, dst) {
+                match self.store.get_into(now, &self.bk, dst) {
                     Ok(n) if n == env.byte_len && sum.verify(dst) => Ok(Lookup::Hit { len: n }),
-                    Ok(_) => self.miss(now, fp, MissReason::CorruptBlob),
-                    Err(e) => self.read_error(now, fp, e, true),
+                    Ok(_) => self.miss(now, MissReason::CorruptBlob),
+                    Err(e) => self.read_error(now, e, true),
                 }
             }
         }
+    }
+}
+
+/// Force-remove `key`; absent or in-progress objects are fine, a client failure is not.
+fn remove_quiet<S: Store>(store: &mut S, now: Nanos, key: &str) -> Result<(), CacheError> {
+    match store.remove(now, key, true) {
+        Err(e) if e.is_client_failure() => Err(CacheError::Store(e)),
+        _ => Ok(()),
     }
 }
