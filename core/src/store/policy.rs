@@ -153,11 +153,13 @@ impl MooncakeDefault {
     }
 }
 
-/// Push the `k` smallest (by key) of `v` onto `out`, removing them from `v`.
-fn take_smallest(v: &mut Vec<((Nanos, u64), ObjId)>, k: usize, out: &mut Vec<ObjId>) {
+/// Push the `k` smallest (by key) of `v` onto `out`, moving them to `v[..k]`; returns how
+/// many were taken. Keys are unique (insertion order breaks lease ties), so the victims
+/// and their order do not depend on `v`'s order.
+fn take_smallest(v: &mut [((Nanos, u64), ObjId)], k: usize, out: &mut Vec<ObjId>) -> usize {
     let k = k.min(v.len());
     if k == 0 {
-        return;
+        return 0;
     }
     if k < v.len() {
         v.select_nth_unstable_by_key(k - 1, |e| e.0);
@@ -165,7 +167,7 @@ fn take_smallest(v: &mut Vec<((Nanos, u64), ObjId)>, k: usize, out: &mut Vec<Obj
     // Deterministic victim order (by key) regardless of select_nth's internal order.
     v[..k].sort_unstable_by_key(|e| e.0);
     out.extend(v[..k].iter().map(|e| e.1));
-    v.drain(..k);
+    k
 }
 
 impl EvictionPolicy for MooncakeDefault {
@@ -189,22 +191,23 @@ impl EvictionPolicy for MooncakeDefault {
         }
         let start = out.len();
         // Pass 1: the `target` oldest leases among unpinned candidates.
-        take_smallest(&mut self.unpinned, req.target as usize, out);
+        let taken = take_smallest(&mut self.unpinned, req.target as usize, out);
         let evicted = (out.len() - start) as u64;
+        let rest = &mut self.unpinned[taken..];
         // Pass 2: top up to the lower bound.
         let want = req
             .lower_bound
             .saturating_sub(evicted)
-            .min((self.unpinned.len() + self.soft.len()) as u64) as usize;
+            .min((rest.len() + self.soft.len()) as u64) as usize;
         if want == 0 {
             return;
         }
-        if want <= self.unpinned.len() {
-            take_smallest(&mut self.unpinned, want, out);
+        if want <= rest.len() {
+            take_smallest(rest, want, out);
         } else {
-            let soft_want = want - self.unpinned.len();
-            let n = self.unpinned.len();
-            take_smallest(&mut self.unpinned, n, out);
+            let soft_want = want - rest.len();
+            let n = rest.len();
+            take_smallest(rest, n, out);
             take_smallest(&mut self.soft, soft_want, out);
         }
     }
