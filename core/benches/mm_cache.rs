@@ -7,7 +7,8 @@
 //!   buffer, checksum) with XXH3-64 and with BLAKE2b-64, vs a plain copy of the same bytes.
 //!   Target: <= 1.2x the copy with XXH3-64.
 //!
-//! - `size_only`: the simulator's per-image calls over a `MemStore<String>`, per call:
+//! - `size_only`: the simulator's per-image calls (over a `MemStore<String>` here; the
+//!   simulator uses `MemStore<StoreKey>`), per call:
 //!   `lookup_size_only` hits (cycling over 256 committed images), `readback_size_only`
 //!   of those, `commit_size_only` re-commits, and a commit of a never-seen image followed
 //!   by its readback (request-scoped keys); each with the envelope memo on (`memo`, the
@@ -113,7 +114,8 @@ fn bench_validated_hit(c: &mut Criterion) {
     });
     for algo in [ChecksumAlgo::Xxh3_64, ChecksumAlgo::Blake2b64] {
         let ctx = base.clone().with_checksum(algo);
-        let store = MemStore::new(MemStoreConfig::with_capacity(64 << 20)).expect("cfg");
+        let store: MemStore<String> =
+            MemStore::new(MemStoreConfig::with_capacity(64 << 20)).expect("cfg");
         let mut cache = MmCache::new(store);
         cache.commit(0, &ctx, fp, GRID, &src).expect("commit");
         let exp = ctx.expect(GRID).expect("grid");
@@ -147,7 +149,8 @@ fn bench_size_only(c: &mut Criterion) {
     const N: u64 = 256;
     // With the envelope memo (the default) and without it (JSON on every call).
     for (memo, name) in [(true, "memo"), (false, "no_memo")] {
-        let store = MemStore::new(MemStoreConfig::with_capacity(1 << 50)).expect("cfg");
+        let store: MemStore<String> =
+            MemStore::new(MemStoreConfig::with_capacity(1 << 50)).expect("cfg");
         let mut cache = MmCache::new(store);
         cache.set_envelope_memo(memo);
         for i in 0..N {
@@ -181,7 +184,8 @@ fn bench_size_only(c: &mut Criterion) {
             })
         });
         // Request-scoped keys: a never-seen image committed, then read back.
-        let store = MemStore::new(MemStoreConfig::with_capacity(1 << 62)).expect("cfg");
+        let store: MemStore<String> =
+            MemStore::new(MemStoreConfig::with_capacity(1 << 62)).expect("cfg");
         let mut fresh = MmCache::new(store);
         fresh.set_envelope_memo(memo);
         let mut j = 1u64 << 40;

@@ -411,7 +411,8 @@ fn commit_that_finds_no_space_fails_cleanly_and_leaves_no_orphan() {
     let ctx = ctx();
     let len = ctx.expect(GRID).expect("grid").byte_len;
     // Room for the blob, not for the meta.
-    let store = MemStore::new(MemStoreConfig::with_capacity(len + 100)).expect("cfg");
+    let store: MemStore<String> =
+        MemStore::new(MemStoreConfig::with_capacity(len + 100)).expect("cfg");
     let mut c = MmCache::new(store);
     let r = c
         .commit(0, &ctx, FP, GRID, &embedding(len, 0))

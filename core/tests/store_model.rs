@@ -7,11 +7,15 @@
 //! expired, soft-pinned only when no unpinned candidate was left). Evictions happen before
 //! the operation in tick mode (the ticks due by `now`) and after it in synchronous mode,
 //! so the model applies them on the matching side before predicting the result.
+//!
+//! Every sequence runs on `MemStore<String>` and on `MemStore<StoreKey>`, with keys in the
+//! compact forms (`kv:<n>`, `mc:mmmeta:<hex>`, `mc:mmblob:<hex>`) and plain strings.
 
 use std::collections::BTreeMap;
 
 use moonagent_core::store::{
-    Candidate, DataType, MemStore, MemStoreConfig, Payload, ReplicateConfig, Store, StoreError, MS,
+    Candidate, DataType, MemStore, MemStoreConfig, Payload, ReplicateConfig, Store, StoreError,
+    StoreKey, StrKey, MS,
 };
 use proptest::prelude::*;
 
@@ -70,11 +74,11 @@ impl Model {
         }
     }
     /// Drop what the store evicted, asserting each eviction was legal at `now`.
-    fn sync_evictions(&mut self, s: &MemStore<String>, now: u64, strict_soft: bool) {
+    fn sync_evictions<K: StrKey>(&mut self, s: &MemStore<K>, now: u64, strict_soft: bool) {
         let gone: Vec<String> = self
             .objs
             .keys()
-            .filter(|k| s.peek(k.as_str()).is_none())
+            .filter(|k| K::with_lookup(k, |q| s.peek(q).is_none()))
             .cloned()
             .collect();
         let mut soft_evicted = false;
@@ -111,7 +115,19 @@ impl Model {
     }
 }
 
-fn run(ops: Vec<Op>, interval: u64) {
+/// Key `key`'s string: the simulator's compact forms (`StoreKey::Kv`, `MmMeta`, `MmBlob`)
+/// and plain strings, so both key types meet every form.
+fn name(key: u8) -> String {
+    let v = u64::from(key / 4);
+    match key % 4 {
+        0 => format!("kv:{v}"),
+        1 => format!("mc:mmmeta:{v:064x}"),
+        2 => format!("mc:mmblob:{v:064x}"),
+        _ => format!("k{key}"),
+    }
+}
+
+fn run<K: StrKey>(ops: Vec<Op>, interval: u64) {
     let cfg = MemStoreConfig {
         capacity_bytes: 256,
         kv_lease_ttl_ns: 1000 * MS,
@@ -120,7 +136,7 @@ fn run(ops: Vec<Op>, interval: u64) {
         eviction_interval_ns: interval,
         ..MemStoreConfig::default()
     };
-    let mut s: MemStore<String> = MemStore::new(cfg.clone()).unwrap();
+    let mut s: MemStore<K> = MemStore::new(cfg.clone()).unwrap();
     let mut m = Model {
         objs: BTreeMap::new(),
         cfg: cfg.clone(),
@@ -141,7 +157,7 @@ fn run(ops: Vec<Op>, interval: u64) {
         }
         match op {
             Op::Put { key, size, pin, .. } => {
-                let k = format!("k{key}");
+                let k = name(key);
                 let bytes = m.payload(key, size);
                 let rc = ReplicateConfig {
                     data_type: if key % 2 == 0 {
@@ -188,7 +204,7 @@ fn run(ops: Vec<Op>, interval: u64) {
                 }
             }
             Op::PutStart { key, size } => {
-                let k = format!("k{key}");
+                let k = name(key);
                 let r = s.put_start(now, &k, u64::from(size), &ReplicateConfig::default());
                 match m.objs.get(&k) {
                     Some(o)
@@ -219,7 +235,7 @@ fn run(ops: Vec<Op>, interval: u64) {
                 }
             }
             Op::PutEnd { key } => {
-                let k = format!("k{key}");
+                let k = name(key);
                 match m.objs.get_mut(&k) {
                     None => assert_eq!(
                         s.put_end(now, &k, Payload::Bytes(vec![])),
@@ -237,7 +253,7 @@ fn run(ops: Vec<Op>, interval: u64) {
                 }
             }
             Op::Revoke { key } => {
-                let k = format!("k{key}");
+                let k = name(key);
                 let r = s.put_revoke(now, &k);
                 match m.objs.get(&k) {
                     None => assert_eq!(r, Err(StoreError::NotFound)),
@@ -249,7 +265,7 @@ fn run(ops: Vec<Op>, interval: u64) {
                 }
             }
             Op::Get { key } => {
-                let k = format!("k{key}");
+                let k = name(key);
                 let mut buf = vec![0u8; 64];
                 let r = s.get_into(now, &k, &mut buf);
                 match m.objs.get_mut(&k) {
@@ -263,7 +279,7 @@ fn run(ops: Vec<Op>, interval: u64) {
                 }
             }
             Op::Exists { key } => {
-                let k = format!("k{key}");
+                let k = name(key);
                 let r = s.exists(now, &k);
                 match m.objs.get_mut(&k) {
                     Some(o) if o.complete => {
@@ -274,7 +290,7 @@ fn run(ops: Vec<Op>, interval: u64) {
                 }
             }
             Op::Remove { key, force } => {
-                let k = format!("k{key}");
+                let k = name(key);
                 let r = s.remove(now, &k, force);
                 match m.objs.get(&k) {
                     None => assert_eq!(r, Err(StoreError::NotFound)),
@@ -303,7 +319,7 @@ fn run(ops: Vec<Op>, interval: u64) {
             "policy proposed an illegal victim"
         );
         for (k, o) in &m.objs {
-            let meta = s.peek(k.as_str()).expect("model object present in store");
+            let meta = K::with_lookup(k, |q| s.peek(q)).expect("model object present in store");
             assert_eq!(meta.complete, o.complete);
             assert_eq!(meta.lease_timeout, o.lease, "lease of {k}");
         }
@@ -317,12 +333,14 @@ proptest! {
     /// only after every evictable unpinned object (synchronous eviction, checked exactly).
     #[test]
     fn memstore_matches_model_sync_eviction(ops in proptest::collection::vec(op(), 1..300)) {
-        run(ops, 0);
+        run::<String>(ops.clone(), 0);
+        run::<StoreKey>(ops, 0);
     }
 
     /// The same with the master's 10 ms eviction tick (evictions checked for legality).
     #[test]
     fn memstore_matches_model_tick_eviction(ops in proptest::collection::vec(op(), 1..300)) {
-        run(ops, 10 * MS);
+        run::<String>(ops.clone(), 10 * MS);
+        run::<StoreKey>(ops, 10 * MS);
     }
 }

@@ -1,9 +1,12 @@
 //! `MemStore`: the embedded store, a sans-IO model of Mooncake's master and one segment.
 //!
 //! Objects live in a slab (`ObjId` = slot index) with a hash index from key to slot, so a
-//! policy scans a dense `&[ObjectMeta]`. Keys are generic: the [`Store`] impl uses
-//! `String` keys as Mooncake does; the simulator and replay use integer keys through the
-//! same generic methods, so every driver runs the same code.
+//! policy scans a dense `&[ObjectMeta]`. Keys are generic: the [`Store`] impl takes `&str`
+//! keys as Mooncake does, held as `String`s or as their compact [`StoreKey`] form (the
+//! simulator's); the simulator and replay also use their own keys through the same generic
+//! methods, so every driver runs the same code.
+//!
+//! [`StoreKey`]: super::StoreKey
 //!
 //! The master's eviction thread wakes every `eviction_interval_ns` (10 ms on the real
 //! master). Because nothing happens between two calls, the model runs the ticks that fell
@@ -20,6 +23,7 @@ use std::hash::{BuildHasher, Hash};
 use rustc_hash::{FxBuildHasher, FxHashMap};
 use serde::{Deserialize, Serialize};
 
+use super::key::StrKey;
 use super::policy::{EvictRequest, EvictionPolicy, ObjectMeta, PolicyConfig};
 use super::{
     AccessHints, Candidate, DataType, Nanos, Payload, ReplicateConfig, Store, StoreError,
@@ -720,7 +724,11 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
     }
 }
 
-impl Store for MemStore<String> {
+/// One impl for every key type: `String` keys serve the `&str` as is, [`StoreKey`]s parse
+/// it (no allocation for the compact forms); both run the same generic methods.
+///
+/// [`StoreKey`]: super::StoreKey
+impl<K: StrKey> Store for MemStore<K> {
     fn put_start(
         &mut self,
         now: Nanos,
@@ -728,14 +736,14 @@ impl Store for MemStore<String> {
         size: u64,
         cfg: &ReplicateConfig,
     ) -> StoreResult<()> {
-        self.put_start_with(now, key.to_owned(), size, cfg, AccessHints::default())
+        self.put_start_with(now, K::owned(key), size, cfg, AccessHints::default())
             .map(|_| ())
     }
     fn put_end(&mut self, now: Nanos, key: &str, payload: Payload) -> StoreResult<()> {
-        self.put_end_with(now, key, payload)
+        K::with_lookup(key, |k| self.put_end_with(now, k, payload))
     }
     fn put_revoke(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
-        self.put_revoke_with(now, key)
+        K::with_lookup(key, |k| self.put_revoke_with(now, k))
     }
     fn put(
         &mut self,
@@ -744,19 +752,19 @@ impl Store for MemStore<String> {
         payload: Payload,
         cfg: &ReplicateConfig,
     ) -> StoreResult<()> {
-        self.put_with(now, key.to_owned(), payload, cfg, AccessHints::default())
+        self.put_with(now, K::owned(key), payload, cfg, AccessHints::default())
             .map(|_| ())
     }
     fn get_into(&mut self, now: Nanos, key: &str, buf: &mut [u8]) -> StoreResult<u64> {
-        self.get_into_with(now, key, buf, None)
+        K::with_lookup(key, |k| self.get_into_with(now, k, buf, None))
     }
     fn get_size(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
-        self.get_size_with(now, key, None)
+        K::with_lookup(key, |k| self.get_size_with(now, k, None))
     }
     fn exists(&mut self, now: Nanos, key: &str) -> StoreResult<bool> {
-        self.exists_with(now, key)
+        K::with_lookup(key, |k| self.exists_with(now, k))
     }
     fn remove(&mut self, now: Nanos, key: &str, force: bool) -> StoreResult<()> {
-        self.remove_with(now, key, force)
+        K::with_lookup(key, |k| self.remove_with(now, k, force))
     }
 }

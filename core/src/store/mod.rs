@@ -12,11 +12,13 @@
 //! uses: virtual in the simulator, monotonic wall time in the real backend).
 
 mod error;
+mod key;
 mod mem;
 pub mod policies;
 pub mod policy;
 
 pub use error::{StoreError, StoreResult};
+pub use key::{OtherKey, StoreKey, StrKey, KV_PREFIX, MM_BLOB_PREFIX, MM_META_PREFIX};
 pub use mem::{MemStore, MemStoreConfig, ObjId, StoreStats, TypeStats};
 pub use policy::{
     Candidate, EvictRequest, EvictionPolicy, MooncakeDefault, ObjectMeta, PolicyConfig,

@@ -3,7 +3,8 @@
 //!
 //! Every decision about cache, fork and eviction is the core's: encoder outputs go through
 //! `MmCache` (size-only commit, validated lookup, readback), prefix KV blocks through the same
-//! `MemStore` with the configured eviction policy, decode KV through the fork `PoolCore`
+//! `MemStore` with the configured eviction policy (keyed by `StoreKey`, the compact form of
+//! the string keys `kv:<block>` and `mc:mm{meta,blob}:<fp>`), decode KV through the fork `PoolCore`
 //! (allocation, append, copy-on-write, fork, release). The model here decides only time:
 //! queueing, batching, and the cost model's durations.
 //!
@@ -19,7 +20,7 @@ use moonagent_core::fingerprint::{Dtype, GridThw, ImageFp, ImageHasher, ModelPar
 use moonagent_core::fork::{PoolConfig, PoolCore, SeqId};
 use moonagent_core::mm_cache::{CacheConfig, Lookup, MmCache, ModelCtx};
 use moonagent_core::store::{
-    AccessHints, DataType, MemStore, Payload, ReplicateConfig, StoreError,
+    AccessHints, DataType, MemStore, Payload, ReplicateConfig, StoreError, StoreKey,
 };
 use moonagent_models::{CostModel, Flow, HardwareProfile, Link, LinkKind, ModelSpec};
 use moonagent_traces::schema::Request;
@@ -130,7 +131,7 @@ pub struct Simulation<'a> {
     rr: [usize; 3],
     jobs: Vec<JobState>,
     tops: Vec<Top>,
-    cache: MmCache<MemStore<String>>,
+    cache: MmCache<MemStore<StoreKey>>,
     ctxs: Vec<ModelCtx>,
     s: Summary,
     encoder_gpu_ns: u64,
@@ -246,7 +247,7 @@ impl<'a> Simulation<'a> {
                 workers.push(mk(true, true, true, Some(pool()?)));
             }
         }
-        let store: MemStore<String> = MemStore::with_policy(cfg.store.clone(), &cfg.policy)?;
+        let store: MemStore<StoreKey> = MemStore::with_policy(cfg.store.clone(), &cfg.policy)?;
         let cache = MmCache::with_config(store, CacheConfig::default());
         let mut s = Summary {
             mode: cfg.mode.name().into(),
@@ -632,14 +633,13 @@ impl<'a> Simulation<'a> {
         if self.cfg.kv_prefix_store {
             let tr = &self.trace[self.jobs[job as usize].trace_idx as usize];
             let mut prefix = true;
-            let mut key = String::with_capacity(24);
             for &b in &tr.prompt_blocks {
                 self.kv_lookups += 1;
-                kv_key(&mut key, b);
+                // The key `kv:<b>`, in its compact form.
                 let found = self
                     .cache
                     .store_mut()
-                    .exists_hinted(now, key.as_str(), Some(AccessHints::default()))
+                    .exists_hinted(now, &StoreKey::Kv(b), Some(AccessHints::default()))
                     .map_err(err("kv lookup"))?;
                 if found && prefix {
                     hit_blocks += 1;
@@ -853,11 +853,9 @@ impl<'a> Simulation<'a> {
         if !missing.is_empty() && self.cfg.mode.disaggregated() {
             let block_bytes = u64::from(self.block_size) * self.spec.kv_bytes_per_token();
             for b in missing {
-                let mut key = String::with_capacity(24);
-                kv_key(&mut key, b);
                 match self.cache.store_mut().put_with(
                     now,
-                    key,
+                    StoreKey::Kv(b),
                     Payload::SizeOnly(block_bytes),
                     &ReplicateConfig::of(DataType::KvCache),
                     AccessHints::default(),
@@ -1092,25 +1090,6 @@ impl<'a> Simulation<'a> {
     }
 }
 
-/// The store key of prefix KV block `b` (`kv:<decimal id>`), written into `out`.
-fn kv_key(out: &mut String, b: u64) {
-    out.clear();
-    out.push_str("kv:");
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut v = b;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    // ASCII digits: always valid UTF-8.
-    out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or_default());
-}
-
 fn s_ms(ms: f64) -> f64 {
     ms * 1e6
 }
@@ -1122,16 +1101,4 @@ pub fn simulate(
     block_size: u32,
 ) -> Result<(Summary, Vec<RequestRecord>), String> {
     Simulation::new(cfg, trace, block_size)?.run()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn kv_key_is_the_decimal_id() {
-        let mut k = String::from("stale");
-        for b in [0u64, 7, 10, 4_096, 1 << 40, u64::MAX] {
-            super::kv_key(&mut k, b);
-            assert_eq!(k, format!("kv:{b}"));
-        }
-    }
 }
