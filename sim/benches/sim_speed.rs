@@ -117,7 +117,7 @@ fn main() {
             modes: &[Mode::B0, Mode::Full],
         },
         Row {
-            label: "chat, long outputs, 50 req/s (decode-bound, batches ~160)",
+            label: "chat, long outputs, 50 req/s (decode-bound, batches ~170)",
             generator: "w1",
             config: long,
             requests: 80_000,
