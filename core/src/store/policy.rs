@@ -15,8 +15,8 @@ use std::fmt::Debug;
 use serde::{Deserialize, Serialize};
 
 use super::policies::{
-    Belady, BeladyCost, Fifo, Gdsf, Hierarchical, HierarchicalConfig, Lru, S3Fifo, S3FifoConfig,
-    TypeAware, TypeAwareConfig,
+    Belady, BeladyCost, Fifo, Gdsf, Hierarchical, HierarchicalConfig, Lru, Ranked, S3Fifo,
+    S3FifoConfig, TypeAware, TypeAwareConfig,
 };
 use super::{AccessHints, DataType, Nanos, ObjId};
 
@@ -142,8 +142,7 @@ fn lease_key(m: &ObjectMeta) -> (Nanos, u64) {
 /// exact global order. Ties are broken by insertion order (see [`lease_key`]).
 #[derive(Debug, Default, Clone)]
 pub struct MooncakeDefault {
-    unpinned: Vec<((Nanos, u64), ObjId)>,
-    soft: Vec<((Nanos, u64), ObjId)>,
+    ranked: Ranked<(Nanos, u64)>,
 }
 
 impl MooncakeDefault {
@@ -153,63 +152,17 @@ impl MooncakeDefault {
     }
 }
 
-/// Push the `k` smallest (by key) of `v` onto `out`, moving them to `v[..k]`; returns how
-/// many were taken. Keys are unique (insertion order breaks lease ties), so the victims
-/// and their order do not depend on `v`'s order.
-fn take_smallest(v: &mut [((Nanos, u64), ObjId)], k: usize, out: &mut Vec<ObjId>) -> usize {
-    let k = k.min(v.len());
-    if k == 0 {
-        return 0;
-    }
-    if k < v.len() {
-        v.select_nth_unstable_by_key(k - 1, |e| e.0);
-    }
-    // Deterministic victim order (by key) regardless of select_nth's internal order.
-    v[..k].sort_unstable_by_key(|e| e.0);
-    out.extend(v[..k].iter().map(|e| e.1));
-    k
-}
-
 impl EvictionPolicy for MooncakeDefault {
     fn name(&self) -> &str {
         "mooncake-default"
     }
 
     fn select_victims(&mut self, req: &EvictRequest, objects: &[ObjectMeta], out: &mut Vec<ObjId>) {
-        self.unpinned.clear();
-        self.soft.clear();
-        for (i, m) in objects.iter().enumerate() {
-            match m.candidate(req.now) {
-                Candidate::No => {}
-                Candidate::Unpinned => self.unpinned.push((lease_key(m), ObjId(i as u32))),
-                Candidate::SoftPinned => {
-                    if req.allow_soft_pinned {
-                        self.soft.push((lease_key(m), ObjId(i as u32)))
-                    }
-                }
-            }
-        }
-        let start = out.len();
-        // Pass 1: the `target` oldest leases among unpinned candidates.
-        let taken = take_smallest(&mut self.unpinned, req.target as usize, out);
-        let evicted = (out.len() - start) as u64;
-        let rest = &mut self.unpinned[taken..];
-        // Pass 2: top up to the lower bound.
-        let want = req
-            .lower_bound
-            .saturating_sub(evicted)
-            .min((rest.len() + self.soft.len()) as u64) as usize;
-        if want == 0 {
-            return;
-        }
-        if want <= rest.len() {
-            take_smallest(rest, want, out);
-        } else {
-            let soft_want = want - rest.len();
-            let n = rest.len();
-            take_smallest(rest, n, out);
-            take_smallest(&mut self.soft, soft_want, out);
-        }
+        // Pass 1 takes the `target` oldest unpinned leases, pass 2 tops up to the lower
+        // bound from the next oldest, then from soft-pinned ones: together the
+        // `max(target, lower_bound)` oldest unpinned, then soft-pinned up to the bound.
+        self.ranked.collect(req, objects, |_, m| lease_key(m));
+        self.ranked.select(req, out);
     }
 }
 

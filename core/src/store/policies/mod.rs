@@ -101,19 +101,29 @@ pub(crate) fn smallest_first<T, K: Ord>(v: &mut [T], k: usize, key: impl Fn(&T) 
 }
 
 /// Scratch for ranked policies: candidates split by pass, then Mooncake's two passes.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Ranked {
-    unpinned: Vec<(RankKey, ObjId)>,
-    soft: Vec<(RankKey, ObjId)>,
+/// Keys must be unique per object so the victims do not depend on scan order.
+#[derive(Debug, Clone)]
+pub(crate) struct Ranked<K = RankKey> {
+    unpinned: Vec<(K, ObjId)>,
+    soft: Vec<(K, ObjId)>,
 }
 
-impl Ranked {
+impl<K> Default for Ranked<K> {
+    fn default() -> Self {
+        Self {
+            unpinned: Vec::new(),
+            soft: Vec::new(),
+        }
+    }
+}
+
+impl<K: Ord + Copy> Ranked<K> {
     /// Scan `objects` and keep every candidate at `req.now` with its key.
     pub(crate) fn collect(
         &mut self,
         req: &EvictRequest,
         objects: &[ObjectMeta],
-        mut key: impl FnMut(usize, &ObjectMeta) -> RankKey,
+        mut key: impl FnMut(usize, &ObjectMeta) -> K,
     ) {
         self.unpinned.clear();
         self.soft.clear();
