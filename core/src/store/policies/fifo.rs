@@ -8,26 +8,14 @@
 //! unpinned ones run out (Mooncake's pass structure). Slot reuse is safe: `on_remove`
 //! always unlinks before `on_insert` links the slot again.
 
-use super::{check_queue, take_from_tail, Links, Queue};
+use super::TailQueue;
 use crate::store::policy::{EvictRequest, EvictionPolicy, ObjectMeta};
 use crate::store::ObjId;
 
 /// The `fifo` policy (see the module docs).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Fifo {
-    links: Links,
-    queue: Queue,
-    soft: Vec<ObjId>,
-}
-
-impl Default for Fifo {
-    fn default() -> Self {
-        Self {
-            links: Links::default(),
-            queue: Queue::new(1),
-            soft: Vec::new(),
-        }
-    }
+    q: TailQueue,
 }
 
 impl Fifo {
@@ -38,15 +26,12 @@ impl Fifo {
 
     /// Slots from newest to oldest insertion (a `Dump` for tests).
     pub fn dump(&self) -> Vec<ObjId> {
-        self.queue
-            .iter_newest_first(&self.links)
-            .map(ObjId)
-            .collect()
+        self.q.dump()
     }
 
     /// Check that the queue holds exactly the live objects, by `insert_seq`. For tests.
     pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), String> {
-        check_queue(&self.queue, &self.links, objects, |m| m.insert_seq)
+        self.q.check(objects, |m| m.insert_seq)
     }
 }
 
@@ -56,20 +41,16 @@ impl EvictionPolicy for Fifo {
     }
 
     fn on_insert(&mut self, id: ObjId, _meta: &ObjectMeta) {
-        if self.links.queue_of(id.0) != 0 {
-            // Defensive: a slot reused without `on_remove` (never by `MemStore`).
-            self.queue.unlink(&mut self.links, id, 0);
-        }
-        self.queue.push_head(&mut self.links, id, 0);
+        // Unlinking first is defensive: a slot reused without `on_remove` (never by
+        // `MemStore`).
+        self.q.move_to_head(id);
     }
 
     fn on_remove(&mut self, id: ObjId, _meta: &ObjectMeta) {
-        if self.links.queue_of(id.0) != 0 {
-            self.queue.unlink(&mut self.links, id, 0);
-        }
+        self.q.unlink(id);
     }
 
     fn select_victims(&mut self, req: &EvictRequest, objects: &[ObjectMeta], out: &mut Vec<ObjId>) {
-        take_from_tail(&self.queue, &self.links, req, objects, &mut self.soft, out);
+        self.q.select(req, objects, out);
     }
 }

@@ -11,26 +11,14 @@
 //! not a scan of the store. A reused slot is unlinked by `on_remove` before `on_insert`
 //! links it again, so no state leaks between the objects that share a slot.
 
-use super::{check_queue, take_from_tail, Links, Queue};
+use super::TailQueue;
 use crate::store::policy::{EvictRequest, EvictionPolicy, ObjectMeta};
 use crate::store::ObjId;
 
 /// The `lru` policy (see the module docs).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Lru {
-    links: Links,
-    queue: Queue,
-    soft: Vec<ObjId>,
-}
-
-impl Default for Lru {
-    fn default() -> Self {
-        Self {
-            links: Links::default(),
-            queue: Queue::new(1),
-            soft: Vec::new(),
-        }
-    }
+    q: TailQueue,
 }
 
 impl Lru {
@@ -41,15 +29,12 @@ impl Lru {
 
     /// Slots from most to least recently used (a `Dump` for tests).
     pub fn dump(&self) -> Vec<ObjId> {
-        self.queue
-            .iter_newest_first(&self.links)
-            .map(ObjId)
-            .collect()
+        self.q.dump()
     }
 
     /// Check that the queue holds exactly the live objects, by `last_access_seq`. For tests.
     pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), String> {
-        check_queue(&self.queue, &self.links, objects, |m| m.last_access_seq)
+        self.q.check(objects, |m| m.last_access_seq)
     }
 }
 
@@ -58,25 +43,20 @@ impl EvictionPolicy for Lru {
         "lru"
     }
 
-    fn on_insert(&mut self, id: ObjId, meta: &ObjectMeta) {
+    fn on_insert(&mut self, id: ObjId, _meta: &ObjectMeta) {
         // Same as an access; unlinking first is defensive (MemStore removes before reuse).
-        self.on_access(id, meta);
+        self.q.move_to_head(id);
     }
 
     fn on_access(&mut self, id: ObjId, _meta: &ObjectMeta) {
-        if self.links.queue_of(id.0) != 0 {
-            self.queue.unlink(&mut self.links, id, 0);
-        }
-        self.queue.push_head(&mut self.links, id, 0);
+        self.q.move_to_head(id);
     }
 
     fn on_remove(&mut self, id: ObjId, _meta: &ObjectMeta) {
-        if self.links.queue_of(id.0) != 0 {
-            self.queue.unlink(&mut self.links, id, 0);
-        }
+        self.q.unlink(id);
     }
 
     fn select_victims(&mut self, req: &EvictRequest, objects: &[ObjectMeta], out: &mut Vec<ObjId>) {
-        take_from_tail(&self.queue, &self.links, req, objects, &mut self.soft, out);
+        self.q.select(req, objects, out);
     }
 }

@@ -274,6 +274,68 @@ impl Queue {
     }
 }
 
+/// The state of a single-queue policy walked from the tail (`fifo`, `lru`): one
+/// intrusive queue over `ObjId` slots and the soft-pinned scratch. The policies differ
+/// only in which events move a slot to the head.
+#[derive(Debug, Clone)]
+pub(crate) struct TailQueue {
+    links: Links,
+    queue: Queue,
+    soft: Vec<ObjId>,
+}
+
+impl Default for TailQueue {
+    fn default() -> Self {
+        Self {
+            links: Links::default(),
+            queue: Queue::new(1),
+            soft: Vec::new(),
+        }
+    }
+}
+
+impl TailQueue {
+    /// Move `id` to the head, linking it if it is not queued (O(1)).
+    pub(crate) fn move_to_head(&mut self, id: ObjId) {
+        self.unlink(id);
+        self.queue.push_head(&mut self.links, id, 0);
+    }
+
+    /// Take `id` out of the queue if it is in it (O(1)).
+    pub(crate) fn unlink(&mut self, id: ObjId) {
+        if self.links.queue_of(id.0) != 0 {
+            self.queue.unlink(&mut self.links, id, 0);
+        }
+    }
+
+    /// Victims for `req`, from the tail (see [`take_from_tail`]).
+    pub(crate) fn select(
+        &mut self,
+        req: &EvictRequest,
+        objects: &[ObjectMeta],
+        out: &mut Vec<ObjId>,
+    ) {
+        take_from_tail(&self.queue, &self.links, req, objects, &mut self.soft, out);
+    }
+
+    /// Slots from the head (newest) to the tail.
+    pub(crate) fn dump(&self) -> Vec<ObjId> {
+        self.queue
+            .iter_newest_first(&self.links)
+            .map(ObjId)
+            .collect()
+    }
+
+    /// Check that the queue holds exactly the live objects, newest first by `order`.
+    pub(crate) fn check(
+        &self,
+        objects: &[ObjectMeta],
+        order: impl Fn(&ObjectMeta) -> u64,
+    ) -> Result<(), String> {
+        check_queue(&self.queue, &self.links, objects, order)
+    }
+}
+
 /// Walk `q` from the tail (least recent / oldest) and take candidates in queue order:
 /// up to `max(target, lower_bound)` unpinned, then soft-pinned ones (met on the way) up to
 /// `lower_bound`. Stops as soon as the unpinned quota is met. `soft` is scratch.
