@@ -283,15 +283,15 @@ impl<'a> Simulation<'a> {
         })
     }
 
-    /// Index of `tenant`'s model context in `ctxs`, built on first use.
-    fn ctx_index(&mut self, tenant: u32) -> Result<usize, String> {
+    /// Build the model contexts up to `tenant`'s (`ctxs[tenant]`) on first use.
+    fn ensure_ctx(&mut self, tenant: u32) -> Result<(), String> {
         while self.ctxs.len() <= tenant as usize {
             let parts = ModelParts::example(&format!("tenant-{}", self.ctxs.len()));
             let hidden = self.spec.encoder_output_bytes_per_token() / self.spec.dtype_bytes();
             self.ctxs
                 .push(ModelCtx::new(parts, hidden).map_err(err("model context"))?);
         }
-        Ok(tenant as usize)
+        Ok(())
     }
 
     /// Run to completion (or the horizon); per-request records in trace order and the summary.
@@ -477,11 +477,10 @@ impl<'a> Simulation<'a> {
         let mut seen: Vec<u64> = Vec::with_capacity(images.len());
         let mut kept = Vec::with_capacity(images.len());
         let mut to_kick: Vec<WorkerId> = Vec::new();
-        let ctx = if self.cfg.mode.cache() && !images.is_empty() {
-            Some(self.ctx_index(tenant)?)
-        } else {
-            None
-        };
+        let cache = self.cfg.mode.cache() && !images.is_empty();
+        if cache {
+            self.ensure_ctx(tenant)?;
+        }
         for img in images {
             self.image_refs += 1;
             self.tops[top].rec.images += 1;
@@ -492,8 +491,8 @@ impl<'a> Simulation<'a> {
             }
             seen.push(img.content);
             let bytes = u64::from(img.tokens) * self.spec.encoder_output_bytes_per_token();
-            if let Some(ci) = ctx {
-                let ctx = &self.ctxs[ci];
+            if cache {
+                let ctx = &self.ctxs[tenant as usize];
                 let fp = image_fp(&mut self.fp_memo, ctx, &img, None)?;
                 let exp = ctx.expect(img.grid).map_err(err("image grid"))?;
                 if let Lookup::Hit { .. } = self
@@ -586,8 +585,8 @@ impl<'a> Simulation<'a> {
     fn image_stored(&mut self, now: Time, job: Job, idx: u32) -> Result<(), String> {
         let img = self.jobs[job as usize].images[idx as usize];
         let tenant = self.trace[self.jobs[job as usize].trace_idx as usize].tenant;
-        let ci = self.ctx_index(tenant)?;
-        let ctx = &self.ctxs[ci];
+        self.ensure_ctx(tenant)?;
+        let ctx = &self.ctxs[tenant as usize];
         // B1 keys are request-scoped (no cross-request reuse); B2+ are content-addressed.
         let scope = if self.cfg.mode.cache() {
             None

@@ -282,8 +282,6 @@ impl DecodeBatch {
                     sl.synced_ctx = ctx;
                     sl.synced_iter = k + 1;
                 }
-            }
-            if s.appends {
                 out.credits.push((s.job, k + 1 - s.admit_iter));
             }
             out.finished.push(Leaving {
