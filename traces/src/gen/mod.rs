@@ -186,6 +186,14 @@ pub(crate) fn check_range(field: &str, lo: u32, hi: u32) -> Result<(), TraceErro
     }
 }
 
+pub(crate) fn check_at_least_one(field: &str, n: u32) -> Result<(), TraceError> {
+    if n >= 1 {
+        Ok(())
+    } else {
+        Err(TraceError::config(field, "expected at least 1"))
+    }
+}
+
 pub(crate) fn check_positive(field: &str, x: f64) -> Result<(), TraceError> {
     if x.is_finite() && x > 0.0 {
         Ok(())

@@ -24,7 +24,7 @@ use moonagent_core::rng::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::dist::{parse_py_dict, secs_to_ns, Discrete, InterArrival};
-use super::{check_positive, check_prob, BlockIds, ImageSource};
+use super::{check_at_least_one, check_positive, check_prob, BlockIds, ImageSource};
 use crate::error::{Location, TraceError};
 use crate::schema::{blocks_for_tokens, Request, TraceHeader};
 
@@ -400,12 +400,7 @@ impl ServeGenGen {
                 "expected a non-negative number",
             ));
         }
-        if cfg.block_size_tokens == 0 {
-            return Err(TraceError::config(
-                "block_size_tokens",
-                "expected at least 1",
-            ));
-        }
+        check_at_least_one("block_size_tokens", cfg.block_size_tokens)?;
         let dir = match &cfg.dir {
             Some(d) => d.clone(),
             None => std::env::var_os(crate::TRACES_ENV)

@@ -32,7 +32,8 @@ use serde::{Deserialize, Serialize};
 
 use super::dist::secs_to_ns;
 use super::{
-    check_positive, check_prob, check_range, default_image_sizes, uniform, BlockIds, ImageSource,
+    check_at_least_one, check_positive, check_prob, check_range, default_image_sizes, uniform,
+    BlockIds, ImageSource,
 };
 use crate::error::TraceError;
 use crate::schema::{blocks_for_tokens, Image, Request, TraceHeader};
@@ -159,15 +160,8 @@ impl SessionsConfig {
             self.output_tokens_min,
             self.output_tokens_max,
         )?;
-        if self.block_size_tokens == 0 {
-            return Err(TraceError::config(
-                "block_size_tokens",
-                "expected at least 1",
-            ));
-        }
-        if self.tenants == 0 {
-            return Err(TraceError::config("tenants", "expected at least 1"));
-        }
+        check_at_least_one("block_size_tokens", self.block_size_tokens)?;
+        check_at_least_one("tenants", self.tenants)?;
         Ok(())
     }
 }
