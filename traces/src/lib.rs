@@ -47,6 +47,17 @@ fn origin_of(sub: &str) -> &'static str {
 /// Resolve the variable's value: absolute as is; relative from the working directory, then
 /// from its parents (cargo runs a crate's tests inside the crate's folder, while CI sets
 /// the variable relative to the repository root).
+/// One step of a reader that ends at its first error: the step's request, error or end,
+/// with `done` set unless a request came (readers check `done` before stepping).
+pub(crate) fn end_on_error<T, E>(
+    done: &mut bool,
+    step: Result<Option<T>, E>,
+) -> Option<Result<T, E>> {
+    let out = step.transpose();
+    *done = !matches!(out, Some(Ok(_)));
+    out
+}
+
 pub(crate) fn resolve(base: &std::ffi::OsStr, sub: &str) -> PathBuf {
     let rel = PathBuf::from(base).join(sub);
     if rel.is_absolute() || rel.is_dir() {

@@ -808,16 +808,7 @@ impl Iterator for ParquetReader {
         if self.done {
             return None;
         }
-        match self.next_inner() {
-            Ok(Some(r)) => Some(Ok(r)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
+        let step = self.next_inner();
+        crate::end_on_error(&mut self.done, step)
     }
 }

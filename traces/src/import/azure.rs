@@ -372,17 +372,8 @@ impl<R: BufRead> Iterator for AzureImport<R> {
         if self.done {
             return None;
         }
-        match self.next_inner() {
-            Ok(Some(r)) => Some(Ok(r)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
+        let step = self.next_inner();
+        crate::end_on_error(&mut self.done, step)
     }
 }
 

@@ -176,17 +176,7 @@ impl<R: BufRead> Iterator for MooncakeImport<R> {
         if self.done {
             return None;
         }
-        let r = self.next_inner();
-        match r {
-            Ok(Some(r)) => Some(Ok(r)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
+        let step = self.next_inner();
+        crate::end_on_error(&mut self.done, step)
     }
 }
