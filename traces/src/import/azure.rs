@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
-use super::{AttachImages, Attacher};
+use super::{check_imported, one_turn, AttachImages, Attacher};
 use crate::error::{Location, TraceError};
 use crate::jsonl::{is_blank, read_line};
 use crate::schema::{Request, TraceHeader, Validator};
@@ -336,26 +336,8 @@ impl<R: BufRead> AzureImport<R> {
                 (Some(a), None) => a.images(ctx, None),
                 (None, _) => Vec::new(),
             };
-            let req = Request {
-                id: self.next_id,
-                arrival_ns,
-                session: self.next_id,
-                turn: 0,
-                tenant: 0,
-                prompt_tokens: ctx,
-                prompt_blocks: Vec::new(),
-                images,
-                output_tokens: gen,
-                fork: None,
-            };
-            self.validator.check(&req).map_err(|e| {
-                let field = if e.field == "arrival_ns" {
-                    "TIMESTAMP".to_string()
-                } else {
-                    e.field
-                };
-                TraceError::invalid(&self.file, at, field, e.problem)
-            })?;
+            let req = one_turn(self.next_id, arrival_ns, ctx, Vec::new(), images, gen);
+            check_imported(&mut self.validator, &req, &self.file, at, "TIMESTAMP")?;
             self.next_id += 1;
             return Ok(Some(req));
         }

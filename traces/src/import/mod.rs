@@ -15,9 +15,54 @@ pub mod mooncake;
 use moonagent_core::rng::Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::error::TraceError;
+use std::path::Path;
+
+use crate::error::{Location, TraceError};
 use crate::gen::{check_prob, check_range, default_image_sizes, uniform, ImageSource};
-use crate::schema::Image;
+use crate::schema::{Image, Request, Validator};
+
+/// An imported record as a request: number `id`, its own session, one turn, tenant 0, no
+/// fork.
+pub(crate) fn one_turn(
+    id: u64,
+    arrival_ns: u64,
+    prompt_tokens: u32,
+    prompt_blocks: Vec<u64>,
+    images: Vec<Image>,
+    output_tokens: u32,
+) -> Request {
+    Request {
+        id,
+        arrival_ns,
+        session: id,
+        turn: 0,
+        tenant: 0,
+        prompt_tokens,
+        prompt_blocks,
+        images,
+        output_tokens,
+        fork: None,
+    }
+}
+
+/// Check an imported request; an error names `file`, `at` and the source's field (its
+/// time column `time_column` for `arrival_ns`).
+pub(crate) fn check_imported(
+    validator: &mut Validator,
+    req: &Request,
+    file: &Path,
+    at: Location,
+    time_column: &str,
+) -> Result<(), TraceError> {
+    validator.check(req).map_err(|e| {
+        let field = if e.field == "arrival_ns" {
+            time_column.to_string()
+        } else {
+            e.field
+        };
+        TraceError::invalid(file, at, field, e.problem)
+    })
+}
 
 /// How to attach images to records that have none (or only a count): a seeded image
 /// generator in the manner of W1-W4. Visual tokens are counted *inside* the record's

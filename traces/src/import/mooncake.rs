@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{AttachImages, Attacher};
+use super::{check_imported, one_turn, AttachImages, Attacher};
 use crate::error::{FieldError, Location, TraceError};
 use crate::jsonl::{is_blank, parse_line, read_line};
 use crate::schema::{blocks_for_tokens, Request, TraceHeader, Validator};
@@ -144,26 +144,15 @@ impl<R: BufRead> MooncakeImport<R> {
                 Some(a) => a.images(rec.input_length, None),
                 None => Vec::new(),
             };
-            let req = Request {
-                id: self.next_id,
+            let req = one_turn(
+                self.next_id,
                 arrival_ns,
-                session: self.next_id,
-                turn: 0,
-                tenant: 0,
-                prompt_tokens: rec.input_length,
-                prompt_blocks: rec.hash_ids,
+                rec.input_length,
+                rec.hash_ids,
                 images,
-                output_tokens: rec.output_length,
-                fork: None,
-            };
-            self.validator.check(&req).map_err(|e| {
-                let field = if e.field == "arrival_ns" {
-                    "timestamp".to_string()
-                } else {
-                    e.field
-                };
-                TraceError::invalid(&self.file, at, field, e.problem)
-            })?;
+                rec.output_length,
+            );
+            check_imported(&mut self.validator, &req, &self.file, at, "timestamp")?;
             self.next_id += 1;
             return Ok(Some(req));
         }
