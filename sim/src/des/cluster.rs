@@ -173,6 +173,26 @@ fn image_fp(
     Ok(fp)
 }
 
+/// The images of `r` as the simulator carries them (at least one visual token; a grid
+/// of `1 x 2 x 2n` patches when the trace gives none).
+fn images_of(r: &Request) -> Vec<Img> {
+    r.images
+        .iter()
+        .map(|i| {
+            let tokens = i.visual_tokens.max(1);
+            Img {
+                content: i.content_id,
+                tokens,
+                grid: i
+                    .grid_thw
+                    .map_or(GridThw::new(1, 2, 2 * u64::from(tokens)), |g| {
+                        GridThw::new(u64::from(g[0]), u64::from(g[1]), u64::from(g[2]))
+                    }),
+            }
+        })
+        .collect()
+}
+
 fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
@@ -385,18 +405,7 @@ impl<'a> Simulation<'a> {
             branches_left: branches,
             done: false,
         });
-        let images = r
-            .images
-            .iter()
-            .map(|i| Img {
-                content: i.content_id,
-                tokens: i.visual_tokens.max(1),
-                grid: i.grid_thw.map_or(
-                    GridThw::new(1, 2, 2 * u64::from(i.visual_tokens.max(1))),
-                    |g| GridThw::new(u64::from(g[0]), u64::from(g[1]), u64::from(g[2])),
-                ),
-            })
-            .collect();
+        let images = images_of(r);
         let job = self.new_job(
             top,
             idx as u32,
@@ -973,18 +982,7 @@ impl<'a> Simulation<'a> {
             if let Some(pool) = self.workers[w as usize].pool.as_mut() {
                 let _ = pool.release(r.seq);
             }
-            let images = self.trace[self.jobs[job as usize].trace_idx as usize]
-                .images
-                .iter()
-                .map(|i| Img {
-                    content: i.content_id,
-                    tokens: i.visual_tokens.max(1),
-                    grid: i.grid_thw.map_or(
-                        GridThw::new(1, 2, 2 * u64::from(i.visual_tokens.max(1))),
-                        |g| GridThw::new(u64::from(g[0]), u64::from(g[1]), u64::from(g[2])),
-                    ),
-                })
-                .collect::<Vec<_>>();
+            let images = images_of(&self.trace[self.jobs[job as usize].trace_idx as usize]);
             for (i, &tokens) in f.output_tokens.iter().enumerate() {
                 let b = self.new_job(
                     top as u32,

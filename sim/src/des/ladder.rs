@@ -174,11 +174,9 @@ pub fn run_ladder(cfg: &LadderConfig) -> Result<LadderResult, String> {
     if !(cfg.load_factor > 0.0 && cfg.saturation_rate > 0.0) {
         return Err("load_factor and saturation_rate: expected > 0".into());
     }
-    let mut cells = Vec::new();
-    for w in &cfg.workloads {
-        let (sat_trace, bs) = generate(w, cfg.requests, cfg.saturation_rate, cfg.seed)?;
-        let sat: Vec<(Mode, Summary)> = cfg
-            .modes
+    // Every mode of the ladder on one trace, in parallel; summaries in mode order.
+    let run_modes = |trace: &[Request], bs: u32| -> Result<Vec<Summary>, String> {
+        cfg.modes
             .par_iter()
             .map(|&m| {
                 simulate(
@@ -186,33 +184,29 @@ pub fn run_ladder(cfg: &LadderConfig) -> Result<LadderResult, String> {
                         mode: m,
                         ..cfg.base.clone()
                     },
-                    &sat_trace,
+                    trace,
                     bs,
                 )
-                .map(|r| (m, r.0))
+                .map(|r| r.0)
             })
-            .collect::<Result<_, _>>()?;
+            .collect()
+    };
+    let mut cells = Vec::new();
+    for w in &cfg.workloads {
+        let (sat_trace, bs) = generate(w, cfg.requests, cfg.saturation_rate, cfg.seed)?;
+        let sat: Vec<(Mode, Summary)> = cfg
+            .modes
+            .iter()
+            .copied()
+            .zip(run_modes(&sat_trace, bs)?)
+            .collect();
         let b0 = sat
             .iter()
             .find(|x| x.0 == Mode::B0)
             .map_or(sat[0].1.throughput_rps, |x| x.1.throughput_rps);
         let load = (b0 * cfg.load_factor).max(1e-3);
         let (load_trace, bs) = generate(w, cfg.requests, load, cfg.seed)?;
-        let at: Vec<Summary> = cfg
-            .modes
-            .par_iter()
-            .map(|&m| {
-                simulate(
-                    &SimConfig {
-                        mode: m,
-                        ..cfg.base.clone()
-                    },
-                    &load_trace,
-                    bs,
-                )
-                .map(|r| r.0)
-            })
-            .collect::<Result<_, _>>()?;
+        let at: Vec<Summary> = run_modes(&load_trace, bs)?;
         for ((m, s), a) in sat.into_iter().zip(at) {
             cells.push(Cell {
                 workload: w.name.clone(),
