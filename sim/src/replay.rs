@@ -163,34 +163,17 @@ impl MissCost for LinearCost {
     }
 }
 
-/// Sizes of the objects the replay stores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ObjectSizes {
-    /// KV bytes per token (Qwen2.5-VL-7B bf16: 57,344).
-    pub kv_bytes_per_token: u64,
-    /// Encoder-output bytes per visual token (Qwen2.5-VL-7B: 3584 x 2 = 7,168).
-    pub encoder_bytes_per_visual_token: u64,
-}
+/// Sizes of the objects the replay stores: the traces crate's, so replay and trace
+/// statistics count bytes the same way.
+pub use moonagent_traces::stats::ObjectSizes;
 
-impl Default for ObjectSizes {
-    fn default() -> Self {
-        Self {
-            kv_bytes_per_token: 57_344,
-            encoder_bytes_per_visual_token: 7_168,
-        }
-    }
-}
-
-impl ObjectSizes {
-    /// The sizes of a built-in model (`qwen2.5-vl-7b`, ...).
-    pub fn for_model(model: &str) -> Result<Self, String> {
-        let spec = ModelSpec::by_name(model).map_err(|e| format!("model: {e}"))?;
-        Ok(Self {
-            kv_bytes_per_token: spec.kv_bytes_per_token(),
-            encoder_bytes_per_visual_token: spec.encoder_output_bytes_per_token(),
-        })
-    }
+/// The object sizes of a built-in model (`qwen2.5-vl-7b`, ...).
+pub fn sizes_for_model(model: &str) -> Result<ObjectSizes, String> {
+    let spec = ModelSpec::by_name(model).map_err(|e| format!("model: {e}"))?;
+    Ok(ObjectSizes {
+        kv_bytes_per_token: spec.kv_bytes_per_token(),
+        encoder_bytes_per_visual_token: spec.encoder_output_bytes_per_token(),
+    })
 }
 
 /// One store access of the compiled trace (32 bytes, so 10M accesses fit in 320 MB).

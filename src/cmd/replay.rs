@@ -7,8 +7,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
 use moonagent_sim::replay::{
-    min_bound, replay_grid, CompileOptions, Compiled, Include, LabelledPolicy, LinearCost,
-    MissCost, ModelCost, ObjectSizes, PolicyResult, TypeResult,
+    min_bound, replay_grid, sizes_for_model, CompileOptions, Compiled, Include, LabelledPolicy,
+    LinearCost, MissCost, ModelCost, PolicyResult, TypeResult,
 };
 use moonagent_sim::table::{Column, Table};
 use moonagent_traces::TraceReader;
@@ -355,7 +355,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         None => MemStoreConfig::default(),
     };
     let cost = cost_model(&args.hardware, &args.model, args.cost.as_deref())?;
-    let sizes = ObjectSizes::for_model(&args.model).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
+    let sizes = sizes_for_model(&args.model).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
     // Check the capacities' syntax before reading the trace.
     for c in &args.capacity {
         parse_bytes(c, Some(1)).with_context(|| format!("--capacity {c}"))?;

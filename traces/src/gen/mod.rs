@@ -164,6 +164,37 @@ impl BlockIds {
     }
 }
 
+/// The header of a generated trace: generator `name`, block size, seed and the knobs.
+pub(crate) fn generated_header<C: Serialize>(
+    name: &str,
+    block_size_tokens: u32,
+    seed: u64,
+    cfg: &C,
+) -> TraceHeader {
+    let mut header = TraceHeader::new(name, block_size_tokens);
+    header.seed = Some(seed);
+    header.config = serde_json::to_value(cfg).ok();
+    header
+}
+
+/// Each tenant's shared system-prompt blocks (the whole blocks of `system_prompt_tokens`),
+/// fresh ids from `blocks`.
+pub(crate) fn system_blocks(
+    blocks: &mut BlockIds,
+    tenants: u32,
+    system_prompt_tokens: u32,
+    block_size_tokens: u32,
+) -> Vec<Vec<u64>> {
+    let shared = u64::from(system_prompt_tokens / block_size_tokens);
+    (0..tenants)
+        .map(|_| {
+            let mut v = Vec::new();
+            blocks.extend(&mut v, shared);
+            v
+        })
+        .collect()
+}
+
 pub(crate) fn check_prob(field: &str, p: f64) -> Result<(), TraceError> {
     if (0.0..=1.0).contains(&p) {
         Ok(())

@@ -22,8 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use super::dist::secs_to_ns;
 use super::{
-    check_at_least_one, check_positive, check_prob, check_range, default_image_sizes, uniform,
-    BlockIds, GeneratorKind, ImageSource,
+    check_at_least_one, check_positive, check_prob, check_range, default_image_sizes,
+    generated_header, system_blocks, uniform, BlockIds, GeneratorKind, ImageSource,
 };
 use crate::error::TraceError;
 use crate::schema::{blocks_for_tokens, Fork, Request, TraceHeader};
@@ -157,18 +157,14 @@ impl WorkloadGen {
     pub fn new(name: &str, cfg: WorkloadConfig, seed: u64) -> Result<Self, TraceError> {
         cfg.check()?;
         let images = ImageSource::new(&cfg.image_sizes, cfg.repeat_rate, cfg.repeat_pool, 1)?;
-        let mut header = TraceHeader::new(name, cfg.block_size_tokens);
-        header.seed = Some(seed);
-        header.config = serde_json::to_value(&cfg).ok();
+        let header = generated_header(name, cfg.block_size_tokens, seed, &cfg);
         let mut blocks = BlockIds::default();
-        let shared = u64::from(cfg.system_prompt_tokens / cfg.block_size_tokens);
-        let system_blocks = (0..cfg.tenants)
-            .map(|_| {
-                let mut v = Vec::new();
-                blocks.extend(&mut v, shared);
-                v
-            })
-            .collect();
+        let system_blocks = system_blocks(
+            &mut blocks,
+            cfg.tenants,
+            cfg.system_prompt_tokens,
+            cfg.block_size_tokens,
+        );
         Ok(Self {
             arrivals: Rng::stream(seed, "workload.arrivals"),
             content: Rng::stream(seed, "workload.content"),
