@@ -292,6 +292,25 @@ impl Compiled {
         Self::compile(reqs.into_iter().map(Ok::<_, String>), &opts, cost)
     }
 
+    /// Mooncake's FAST'25 JSONL trace at `path` (`moonagent repro mooncake-capacity`'s
+    /// input): KV blocks only, every block 512 tokens x Qwen2.5-VL-7B's KV bytes per token,
+    /// H200 miss costs.
+    pub fn mooncake_kv(path: &std::path::Path) -> Result<Self, String> {
+        let import = moonagent_traces::import::mooncake::MooncakeImport::open(path, None)
+            .map_err(|e| format!("opening Mooncake trace {}: {e}", path.display()))?;
+        let opts = CompileOptions {
+            block_size: import.header().block_size_tokens,
+            sizes: ObjectSizes::default(),
+            include: Include {
+                images: false,
+                kv: true,
+            },
+            kv_full_blocks: true,
+        };
+        Self::compile(import, &opts, &ModelCost::qwen25_vl_7b_h200())
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+
     /// Compile a stream of requests (a trace reader's `Result`s: the first error stops it,
     /// with the request's position) under `opts`; next accesses and re-references filled.
     pub fn compile<I, E>(

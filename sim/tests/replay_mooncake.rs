@@ -14,28 +14,14 @@
 use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
 use moonagent_sim::replay::ablation;
 use moonagent_sim::replay::PolicyResult;
-use moonagent_sim::replay::{
-    min_bound, replay_grid, CompileOptions, Compiled, Include, LabelledPolicy, ModelCost,
-    ObjectSizes,
-};
-use moonagent_traces::import::mooncake::MooncakeImport;
+use moonagent_sim::replay::{min_bound, replay_grid, Compiled, LabelledPolicy};
 use std::sync::OnceLock;
 
 const BLOCK: u64 = 512 * 57_344;
 
 fn conversation() -> Option<Compiled> {
     let dir = moonagent_traces::shared_traces_dir("mooncake")?;
-    let import = MooncakeImport::open(dir.join("conversation_trace.jsonl"), None).expect("import");
-    let opts = CompileOptions {
-        block_size: import.header().block_size_tokens,
-        sizes: ObjectSizes::default(),
-        include: Include {
-            images: false,
-            kv: true,
-        },
-        kv_full_blocks: true,
-    };
-    Some(Compiled::compile(import, &opts, &ModelCost::qwen25_vl_7b_h200()).expect("compile"))
+    Some(Compiled::mooncake_kv(&dir.join("conversation_trace.jsonl")).expect("compile"))
 }
 
 /// The trace, its capacities and every policy's results at each, computed once.

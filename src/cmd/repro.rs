@@ -12,12 +12,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
 use moonagent_sim::replay::ablation::{self, Row, Shape, SEED_002};
-use moonagent_sim::replay::{
-    replay_all, replay_grid, CompileOptions, Compiled, Include, LabelledPolicy, ModelCost,
-    ObjectSizes, PolicyResult,
-};
+use moonagent_sim::replay::{replay_all, replay_grid, Compiled, LabelledPolicy, PolicyResult};
 use moonagent_sim::table::Column;
-use moonagent_traces::import::mooncake::MooncakeImport;
 use serde::Serialize;
 
 use super::replay::{capacities, min_bounds, results_table, write_out, CapacityRun};
@@ -281,24 +277,6 @@ fn capacity_policies() -> Vec<LabelledPolicy> {
     v
 }
 
-/// Compile a Mooncake FAST'25 JSONL trace: KV blocks only, every block 512 tokens x the
-/// model's KV bytes per token.
-pub fn mooncake_compiled(path: &std::path::Path) -> Result<Compiled> {
-    let import = MooncakeImport::open(path, None)
-        .with_context(|| format!("opening Mooncake trace {}", path.display()))?;
-    let opts = CompileOptions {
-        block_size: import.header().block_size_tokens,
-        sizes: ObjectSizes::default(),
-        include: Include {
-            images: false,
-            kv: true,
-        },
-        kv_full_blocks: true,
-    };
-    Compiled::compile(import, &opts, &ModelCost::qwen25_vl_7b_h200())
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-}
-
 fn mooncake_capacity(a: CapacityArgs) -> Result<()> {
     let path = match a.trace {
         Some(p) => p,
@@ -307,7 +285,7 @@ fn mooncake_capacity(a: CapacityArgs) -> Result<()> {
             None => bail!("no --trace given and MOONAGENT_TRACES/mooncake not found"),
         },
     };
-    let compiled = mooncake_compiled(&path)?;
+    let compiled = Compiled::mooncake_kv(&path).map_err(anyhow::Error::msg)?;
     let total = compiled.unique_total();
     let caps = capacities(&a.capacity, total)?;
     let pols = capacity_policies();
