@@ -11,4 +11,5 @@ pub mod fingerprint;
 pub mod fork;
 pub mod mm_cache;
 pub mod rng;
+pub mod serve;
 pub mod store;

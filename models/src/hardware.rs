@@ -174,34 +174,9 @@ impl LinkKind {
     }
 }
 
-/// Direction and payload of a transfer; selects one of a [`Link`]'s bandwidths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Flow {
-    /// Encoder output or general object, towards the store or peer.
-    Put,
-    /// Encoder output or general object, from the store or peer.
-    Get,
-    /// KV cache towards the store or peer.
-    KvPut,
-    /// KV cache from the store or peer.
-    KvGet,
-}
-
-impl Flow {
-    /// Every flow, in file order.
-    pub const ALL: [Flow; 4] = [Flow::Put, Flow::Get, Flow::KvPut, Flow::KvGet];
-
-    /// The TOML key of this flow's bandwidth (`kv_put_bytes_per_s`).
-    pub const fn field(self) -> &'static str {
-        match self {
-            Flow::Put => "put_bytes_per_s",
-            Flow::Get => "get_bytes_per_s",
-            Flow::KvPut => "kv_put_bytes_per_s",
-            Flow::KvGet => "kv_get_bytes_per_s",
-        }
-    }
-}
+/// Direction and payload of a transfer; selects one of a [`Link`]'s bandwidths (the
+/// serving engine's vocabulary, defined once in the core).
+pub use moonagent_core::serve::Flow;
 
 impl Link {
     /// The bandwidth a transfer of this flow gets, bytes/s.

@@ -470,6 +470,38 @@ impl Validator {
     }
 }
 
+/// The serving engine reads a trace request through this view (no copy of the trace).
+impl moonagent_core::serve::RequestView for Request {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn session(&self) -> u64 {
+        self.session
+    }
+    fn tenant(&self) -> u32 {
+        self.tenant
+    }
+    fn prompt_tokens(&self) -> u32 {
+        self.prompt_tokens
+    }
+    fn output_tokens(&self) -> u32 {
+        self.output_tokens
+    }
+    fn prompt_blocks(&self) -> &[u64] {
+        &self.prompt_blocks
+    }
+    fn image_count(&self) -> usize {
+        self.images.len()
+    }
+    fn image(&self, i: usize) -> (u64, u32, Option<[u32; 3]>) {
+        let im = &self.images[i];
+        (im.content_id, im.visual_tokens, im.grid_thw)
+    }
+    fn branch_output_tokens(&self) -> &[u32] {
+        self.fork.as_ref().map_or(&[], |f| &f.output_tokens)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,55 +3,7 @@
 use moonagent_core::store::{MemStoreConfig, PolicyConfig, SEC};
 use serde::{Deserialize, Serialize};
 
-/// The B0 -> Full ladder of seed 000: each mode adds one mechanism.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Encoder and LLM colocated on every GPU, no cross-request cache.
-    B0,
-    /// EPD disaggregation; encoder outputs travel through the store under request-scoped
-    /// keys (no cross-request reuse); agent branches re-run as independent requests.
-    B1,
-    /// + the content-addressed embedding cache (cross-request and cross-branch reuse).
-    B2,
-    /// + same-worker agent fork (branches share prefix KV pages on the decode worker).
-    B3,
-    /// + three-point scheduling (load-aware encoder dispatch and prefill placement,
-    ///   decode placement by load with branch affinity).
-    Full,
-}
-
-impl Mode {
-    /// Every mode, in ladder order.
-    pub const ALL: [Mode; 5] = [Mode::B0, Mode::B1, Mode::B2, Mode::B3, Mode::Full];
-
-    /// Display name (`B0`, ..., `Full`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::B0 => "B0",
-            Mode::B1 => "B1",
-            Mode::B2 => "B2",
-            Mode::B3 => "B3",
-            Mode::Full => "Full",
-        }
-    }
-    /// Encoder, prefill and decode on separate workers.
-    pub fn disaggregated(self) -> bool {
-        self != Mode::B0
-    }
-    /// Cross-request embedding reuse.
-    pub fn cache(self) -> bool {
-        matches!(self, Mode::B2 | Mode::B3 | Mode::Full)
-    }
-    /// Same-worker fork of agent branches.
-    pub fn fork(self) -> bool {
-        matches!(self, Mode::B3 | Mode::Full)
-    }
-    /// Load-aware three-point scheduling.
-    pub fn smart_scheduling(self) -> bool {
-        self == Mode::Full
-    }
-}
+pub use moonagent_core::serve::Mode;
 
 /// Service-level objective for goodput.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -2,7 +2,6 @@
 
 pub mod cluster;
 pub mod config;
-pub mod decode;
 pub mod engine;
 pub mod ladder;
 pub mod metrics;

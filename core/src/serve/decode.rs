@@ -24,12 +24,13 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use moonagent_core::fork::{PoolCore, SeqId};
+use super::ServeError;
+use crate::fork::{PoolCore, SeqId};
 
 /// A sequence leaving the batch (finished or preempted) with its context length then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Leaving {
-    /// The simulator's job id.
+    /// The engine's job id.
     pub job: u32,
     /// Its KV sequence.
     pub seq: SeqId,
@@ -154,7 +155,7 @@ impl DecodeBatch {
         seq: SeqId,
         ctx: u64,
         decode_left: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), ServeError> {
         let k = self.iter;
         let order = self.next_order;
         self.next_order += 1;
@@ -186,7 +187,7 @@ impl DecodeBatch {
             self.appending += 1;
             let h = pool
                 .append_headroom(seq)
-                .map_err(|e| format!("decode admit: {e}"))?;
+                .map_err(|e| ServeError::Pool("decode admit", e))?;
             if k + h <= slot.finish_iter {
                 self.schedule(k + h, k, order, idx);
             }
@@ -219,7 +220,7 @@ impl DecodeBatch {
 
     /// Complete one iteration: every running sequence produced a token. What changed is
     /// written to `out` (cleared first, so its buffers are reused).
-    pub fn step(&mut self, pool: &mut PoolCore, out: &mut StepOutcome) -> Result<(), String> {
+    pub fn step(&mut self, pool: &mut PoolCore, out: &mut StepOutcome) -> Result<(), ServeError> {
         let k = self.iter;
         out.clear();
         let w = self.wheel.len() as u64;
@@ -271,11 +272,9 @@ impl DecodeBatch {
                 if count > 0 {
                     let a = pool
                         .append(s.seq, count)
-                        .map_err(|e| format!("decode finish: {e}"))?;
+                        .map_err(|e| ServeError::Pool("decode finish", e))?;
                     if a.pages_allocated > 0 || a.cow.is_some() {
-                        return Err(format!(
-                            "decode finish: {count} tokens within the headroom allocated a page"
-                        ));
+                        return Err(ServeError::HeadroomAllocated { tokens: count });
                     }
                     ctx += count;
                     let sl = &mut self.slots[idx as usize];
@@ -308,7 +307,7 @@ impl DecodeBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use moonagent_core::fork::{PoolConfig, TailPolicy};
+    use crate::fork::{PoolConfig, TailPolicy};
     use proptest::prelude::*;
 
     /// The reference: the per-token loop the simulator ran before (one `append(seq, 1)`

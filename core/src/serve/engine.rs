@@ -1,0 +1,1107 @@
+//! [`Engine`]: the request path's state machine (see the module docs of `serve`).
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+
+use crate::fingerprint::{Dtype, ImageFp, ImageHasher, ModelParts};
+use crate::fork::{
+    fork_request, AdmissionInput, BranchState, PoolConfig, PoolCore, PoolStats, SeqId,
+};
+use crate::mm_cache::{CacheConfig, Lookup, MmCache, ModelCtx};
+use crate::store::{DataType, Payload, ReplicateConfig, Store, StoreResult};
+
+use super::decode::{DecodeBatch, Leaving, StepOutcome};
+use super::kv_prefix::{self, BlockStore, Publish};
+use super::record::{RequestRecord, NONE};
+use super::request::{images_of, Img, RequestView};
+use super::{Action, Done, EngineConfig, Extra, Flow, JobId, Payloads, ServeError, WorkerId};
+
+type Nanos = u64;
+
+#[derive(Debug, Clone)]
+struct JobState {
+    top: u32,
+    trace_idx: u32,
+    branch: Option<u32>,
+    prompt: u32,
+    decode_left: u32,
+    images: Vec<Img>,
+    pending_images: u32,
+    load_bytes: u64,
+    cached_prefix: u32,
+    prefill_done: u32,
+    prefill_worker: WorkerId,
+    decode_worker: WorkerId,
+    seq: Option<SeqId>,
+    fork_after: bool,
+    preempted: bool,
+    kv_missing: Vec<u64>,
+}
+
+#[derive(Debug)]
+enum Inflight {
+    Idle,
+    Encode(Vec<(JobId, u32)>),
+    Prefill(Vec<(JobId, u32)>),
+    Decode,
+}
+
+struct Worker {
+    enc: bool,
+    pre: bool,
+    dec: bool,
+    inflight: Inflight,
+    enc_q: VecDeque<(JobId, u32)>,
+    enc_q_tokens: u64,
+    pre_q: VecDeque<JobId>,
+    pre_q_tokens: u64,
+    dec_wait: VecDeque<JobId>,
+    batch: DecodeBatch,
+    pool: Option<PoolCore>,
+    extra: Vec<Extra>,
+}
+
+impl Worker {
+    fn load(&self) -> u64 {
+        self.enc_q_tokens
+            + self.pre_q_tokens
+            + self.dec_wait.len() as u64
+            + u64::from(self.batch.len())
+    }
+}
+
+/// A top-level request's record and whether it finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Served {
+    /// Its record.
+    pub rec: RequestRecord,
+    /// Every branch finished.
+    pub done: bool,
+    branches_left: u32,
+}
+
+/// Counts of what the engine decided, for reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Image references (duplicates inside a request included).
+    pub image_refs: u64,
+    /// Images served by the embedding cache.
+    pub images_hit: u64,
+    /// Images encoded.
+    pub images_encoded: u64,
+    /// Images de-duplicated inside requests.
+    pub images_dedup: u64,
+    /// Prefix KV blocks looked up.
+    pub kv_lookups: u64,
+    /// Prefix KV blocks served (leading runs).
+    pub kv_hits: u64,
+    /// Forks executed.
+    pub forks: u64,
+    /// Forks refused by admission (branches fell back to independent prefill).
+    pub forks_refused: u64,
+    /// Pages shared by forks.
+    pub fork_pages_shared: u64,
+    /// Tail bytes copied by forks and copy-on-write.
+    pub fork_copy_bytes: u64,
+    /// Per-branch states cloned by forks.
+    pub fork_state_clones: u64,
+    /// Bytes those clones copied.
+    pub fork_state_bytes: u64,
+    /// Prefill tokens avoided by forking.
+    pub fork_prefill_tokens_avoided: u64,
+    /// Decode preemptions.
+    pub preemptions: u64,
+    /// Bytes encoder -> store, store -> prefill, prefill -> decode.
+    pub link_bytes: [u64; 3],
+}
+
+/// The serving engine over a trace of `R` and a store `S` (see the module docs).
+pub struct Engine<'a, S: Store, R: RequestView> {
+    cfg: EngineConfig,
+    trace: &'a [R],
+    workers: Vec<Worker>,
+    encoders: Vec<WorkerId>,
+    prefills: Vec<WorkerId>,
+    decodes: Vec<WorkerId>,
+    rr: [usize; 3],
+    jobs: Vec<JobState>,
+    tops: Vec<Served>,
+    cache: MmCache<S>,
+    ctxs: Vec<ModelCtx>,
+    counters: Counters,
+    step_out: StepOutcome,
+    fp_memo: FpMemo,
+    actions: VecDeque<Action>,
+    key: String,
+    blocks_missing: Vec<usize>,
+    recv: Vec<u8>,
+}
+
+/// Image fingerprints by (model, content, grid) for content-addressed keys.
+type FpMemo = rustc_hash::FxHashMap<([u8; 32], u64, u64, u64, u64), ImageFp>;
+
+/// The fingerprint of `img` under `ctx`, salted by `scope` for request-scoped keys (B1).
+/// A pure function of its inputs: content-addressed ones are memoised so the engine pays
+/// BLAKE2b once per distinct image, not once per reference (scoped ones never repeat, so
+/// they are not kept).
+fn image_fp(
+    memo: &mut FpMemo,
+    ctx: &ModelCtx,
+    img: &Img,
+    scope: Option<u64>,
+) -> Result<ImageFp, ServeError> {
+    let key = (ctx.fp().0, img.content, img.grid.t, img.grid.h, img.grid.w);
+    if scope.is_none() {
+        if let Some(fp) = memo.get(&key) {
+            return Ok(*fp);
+        }
+    }
+    let mut h = ImageHasher::new(&ctx.fp(), img.grid, &[16], Dtype::U8)
+        .map_err(|e| ServeError::Cache("image fingerprint", e.into()))?;
+    h.update(&img.content.to_le_bytes());
+    h.update(&scope.unwrap_or(u64::MAX).to_le_bytes());
+    let fp = h
+        .finish()
+        .map_err(|e| ServeError::Cache("image fingerprint", e.into()))?;
+    if scope.is_none() {
+        memo.insert(key, fp);
+    }
+    Ok(fp)
+}
+
+/// A deterministic stand-in embedding for `fp` ([`Payloads::Bytes`]): what an encoder
+/// would write, until a real one reports its output.
+fn synthetic_bytes(seed: &[u8], len: u64) -> Vec<u8> {
+    let mut s = seed.iter().fold(0x9E37_79B9_7F4A_7C15u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3)
+    });
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect()
+}
+
+/// Prefix KV blocks of one request under `kv:<block id>` keys.
+struct KvBlocks<'s, S: Store> {
+    store: &'s mut S,
+    now: Nanos,
+    ids: &'s [u64],
+    key: &'s mut String,
+    block_bytes: u64,
+    payloads: Payloads,
+}
+
+impl<S: Store> KvBlocks<'_, S> {
+    fn set_key(&mut self, i: usize) {
+        self.key.clear();
+        let _ = write!(self.key, "{}{}", crate::store::KV_PREFIX, self.ids[i]);
+    }
+}
+
+impl<S: Store> BlockStore for KvBlocks<'_, S> {
+    fn block_exists(&mut self, i: usize) -> StoreResult<bool> {
+        self.set_key(i);
+        self.store.exists(self.now, self.key)
+    }
+    fn block_put(&mut self, i: usize) -> StoreResult<()> {
+        self.set_key(i);
+        let payload = match self.payloads {
+            Payloads::SizeOnly => Payload::SizeOnly(self.block_bytes),
+            Payloads::Bytes => {
+                Payload::Bytes(synthetic_bytes(self.key.as_bytes(), self.block_bytes))
+            }
+        };
+        self.store.put(
+            self.now,
+            self.key,
+            payload,
+            &ReplicateConfig::of(DataType::KvCache),
+        )
+    }
+}
+
+impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
+    /// A cluster for `cfg` over `trace`, with `store` holding encoder outputs and prefix KV.
+    pub fn new(cfg: EngineConfig, store: S, trace: &'a [R]) -> Result<Self, ServeError> {
+        let nonzero = [
+            ("encoder_max_batch_tokens", cfg.encoder_max_batch_tokens),
+            ("prefill_chunk_tokens", cfg.prefill_chunk_tokens),
+            ("decode_max_batch", cfg.decode_max_batch),
+            ("kv_block_tokens", cfg.kv_block_tokens),
+            ("kv_pages", cfg.kv_pages),
+        ];
+        for (field, v) in nonzero {
+            if v == 0 {
+                return Err(ServeError::Config {
+                    field,
+                    what: "expected > 0".into(),
+                });
+            }
+        }
+        let roles: &[(&'static str, u32)] = if cfg.mode.disaggregated() {
+            &[
+                ("encoders", cfg.encoders),
+                ("prefills", cfg.prefills),
+                ("decodes", cfg.decodes),
+            ]
+        } else {
+            &[("colocated", cfg.colocated)]
+        };
+        for &(field, v) in roles {
+            if v == 0 {
+                return Err(ServeError::Config {
+                    field,
+                    what: format!("expected > 0 in mode {}", cfg.mode.name()),
+                });
+            }
+        }
+        let pool = || {
+            PoolCore::new(PoolConfig::new(
+                cfg.kv_pages,
+                cfg.kv_block_tokens,
+                cfg.kv_bytes_per_token,
+            ))
+            .map_err(|e| ServeError::Pool("kv pool", e))
+        };
+        let mut workers = Vec::new();
+        let (mut encoders, mut prefills, mut decodes) = (Vec::new(), Vec::new(), Vec::new());
+        let mk = |enc, pre, dec, pool: Option<PoolCore>| Worker {
+            enc,
+            pre,
+            dec,
+            inflight: Inflight::Idle,
+            enc_q: VecDeque::new(),
+            enc_q_tokens: 0,
+            pre_q: VecDeque::new(),
+            pre_q_tokens: 0,
+            dec_wait: VecDeque::new(),
+            batch: DecodeBatch::new(cfg.kv_block_tokens),
+            pool,
+            extra: Vec::new(),
+        };
+        if cfg.mode.disaggregated() {
+            for _ in 0..cfg.encoders {
+                encoders.push(workers.len() as u32);
+                workers.push(mk(true, false, false, None));
+            }
+            for _ in 0..cfg.prefills {
+                prefills.push(workers.len() as u32);
+                workers.push(mk(false, true, false, None));
+            }
+            for _ in 0..cfg.decodes {
+                decodes.push(workers.len() as u32);
+                workers.push(mk(false, false, true, Some(pool()?)));
+            }
+        } else {
+            for _ in 0..cfg.colocated {
+                let id = workers.len() as u32;
+                encoders.push(id);
+                prefills.push(id);
+                decodes.push(id);
+                workers.push(mk(true, true, true, Some(pool()?)));
+            }
+        }
+        Ok(Self {
+            cfg,
+            trace,
+            workers,
+            encoders,
+            prefills,
+            decodes,
+            rr: [0; 3],
+            jobs: Vec::new(),
+            tops: Vec::with_capacity(trace.len()),
+            cache: MmCache::with_config(store, CacheConfig::default()),
+            ctxs: Vec::new(),
+            counters: Counters::default(),
+            step_out: StepOutcome::default(),
+            fp_memo: Default::default(),
+            actions: VecDeque::new(),
+            key: String::new(),
+            blocks_missing: Vec::new(),
+            recv: Vec::new(),
+        })
+    }
+
+    /// The next action the driver must run, in the order decided.
+    #[inline]
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Workers in the cluster (ids `0..n`).
+    pub fn workers(&self) -> u32 {
+        self.workers.len() as u32
+    }
+
+    /// Top-level requests so far, in arrival order.
+    pub fn served(&self) -> &[Served] {
+        &self.tops
+    }
+
+    /// Counts of the engine's decisions.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The embedding cache (its counters, its store).
+    pub fn cache(&self) -> &MmCache<S> {
+        &self.cache
+    }
+
+    /// KV pool statistics of every worker that has a pool.
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
+        self.workers
+            .iter()
+            .filter_map(|w| w.pool.as_ref().map(|p| p.stats()))
+            .collect()
+    }
+
+    /// Credit the tokens of completed decode iterations that the batches have not
+    /// reported yet (a run cut off before every request finished), and hand back the
+    /// records.
+    pub fn into_served(mut self) -> (Vec<Served>, Counters, MmCache<S>) {
+        for wk in &self.workers {
+            for (job, n) in wk.batch.unreported() {
+                let top = self.jobs[job as usize].top as usize;
+                self.tops[top].rec.output_tokens += n;
+            }
+        }
+        (self.tops, self.counters, self.cache)
+    }
+
+    /// Build the model contexts up to `tenant`'s (`ctxs[tenant]`) on first use.
+    fn ensure_ctx(&mut self, tenant: u32) -> Result<(), ServeError> {
+        while self.ctxs.len() <= tenant as usize {
+            let parts = ModelParts::example(&format!("tenant-{}", self.ctxs.len()));
+            self.ctxs.push(
+                ModelCtx::new(parts, self.cfg.hidden)
+                    .map_err(|e| ServeError::Cache("model context", e))?,
+            );
+        }
+        Ok(())
+    }
+
+    /// A worker for `role` (0 encode, 1 prefill, 2 decode): least loaded under smart
+    /// scheduling, else round robin.
+    fn pick(&mut self, role: usize) -> WorkerId {
+        let pool = match role {
+            0 => &self.encoders,
+            1 => &self.prefills,
+            _ => &self.decodes,
+        };
+        if self.cfg.mode.smart_scheduling() {
+            // Least loaded; ties to the lowest id (deterministic).
+            let workers = &self.workers;
+            *pool
+                .iter()
+                .min_by_key(|&&w| (workers[w as usize].load(), w))
+                .unwrap_or(&pool[0])
+        } else {
+            let w = pool[self.rr[role] % pool.len()];
+            self.rr[role] += 1;
+            w
+        }
+    }
+
+    /// Request `idx` of the trace arrives at `now` (requests arrive in trace order).
+    pub fn arrive(&mut self, now: Nanos, idx: usize) -> Result<(), ServeError> {
+        let r = self.trace.get(idx).ok_or(ServeError::NoSuchRequest(idx))?;
+        let outs = r.branch_output_tokens();
+        let branches = outs.len() as u32;
+        let rec = RequestRecord {
+            id: r.id(),
+            session: r.session(),
+            arrival_ns: now,
+            encode_start_ns: NONE,
+            encode_end_ns: NONE,
+            prefill_start_ns: NONE,
+            prefill_end_ns: NONE,
+            first_token_ns: NONE,
+            finish_ns: NONE,
+            output_tokens: 0,
+            path_tokens: u64::from(r.output_tokens().max(1))
+                + outs.iter().copied().max().map_or(0, u64::from),
+            images: 0,
+            images_hit: 0,
+            images_encoded: 0,
+            images_dedup: 0,
+            branches,
+            prefix_hit_tokens: 0,
+            bytes_encoder_store: 0,
+            bytes_store_prefill: 0,
+            bytes_prefill_decode: 0,
+        };
+        let top = self.tops.len() as u32;
+        self.tops.push(Served {
+            rec,
+            done: false,
+            branches_left: branches,
+        });
+        let images = images_of(r);
+        let (prompt, decode_left) = (
+            r.prompt_tokens().max(1),
+            r.output_tokens().saturating_sub(1),
+        );
+        let job = self.new_job(
+            top,
+            idx as u32,
+            None,
+            prompt,
+            decode_left,
+            images,
+            branches > 0,
+        );
+        self.route(now, job)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn new_job(
+        &mut self,
+        top: u32,
+        trace_idx: u32,
+        branch: Option<u32>,
+        prompt: u32,
+        decode_left: u32,
+        images: Vec<Img>,
+        fork_after: bool,
+    ) -> JobId {
+        self.jobs.push(JobState {
+            top,
+            trace_idx,
+            branch,
+            prompt,
+            decode_left,
+            images,
+            pending_images: 0,
+            load_bytes: 0,
+            cached_prefix: 0,
+            prefill_done: 0,
+            prefill_worker: 0,
+            decode_worker: 0,
+            seq: None,
+            fork_after,
+            preempted: false,
+            kv_missing: Vec::new(),
+        });
+        (self.jobs.len() - 1) as JobId
+    }
+
+    /// Send a job to its first stage: fingerprinting then dispatch (EPD), or a colocated GPU.
+    fn route(&mut self, now: Nanos, job: JobId) -> Result<(), ServeError> {
+        if self.cfg.mode.disaggregated() {
+            let pixel_bytes: u64 = self.jobs[job as usize]
+                .images
+                .iter()
+                .map(|i| u64::from(i.tokens) * self.cfg.pixel_bytes_per_token)
+                .sum();
+            self.actions
+                .push_back(Action::Fingerprint { job, pixel_bytes });
+            Ok(())
+        } else {
+            let w = self.pick(0);
+            let j = &mut self.jobs[job as usize];
+            j.prefill_worker = w;
+            j.decode_worker = w;
+            self.dispatch_images(now, job, Some(w))
+        }
+    }
+
+    /// A unit of work finished at `now`.
+    pub fn complete(&mut self, now: Nanos, done: Done) -> Result<(), ServeError> {
+        match done {
+            Done::Fingerprinted(job) => {
+                self.check_job(job, done)?;
+                self.dispatch_images(now, job, None)
+            }
+            Done::Step(w) => {
+                if w as usize >= self.workers.len() {
+                    return Err(ServeError::Unexpected(done));
+                }
+                self.step_done(now, w)
+            }
+            Done::Stored(job, img) => {
+                self.check_job(job, done)?;
+                self.image_stored(now, job, img)
+            }
+            Done::Loaded(job) => {
+                self.check_job(job, done)?;
+                let j = &self.jobs[job as usize];
+                let w = j.prefill_worker;
+                let new = j.prompt - j.cached_prefix;
+                let wk = &mut self.workers[w as usize];
+                wk.pre_q.push_back(job);
+                wk.pre_q_tokens += u64::from(new);
+                self.kick(now, w)
+            }
+            Done::KvArrived(job) => {
+                self.check_job(job, done)?;
+                let w = self.jobs[job as usize].decode_worker;
+                self.workers[w as usize].dec_wait.push_back(job);
+                self.kick(now, w)
+            }
+        }
+    }
+
+    fn check_job(&self, job: JobId, done: Done) -> Result<(), ServeError> {
+        if (job as usize) < self.jobs.len() {
+            Ok(())
+        } else {
+            Err(ServeError::Unexpected(done))
+        }
+    }
+
+    fn dispatch_images(
+        &mut self,
+        now: Nanos,
+        job: JobId,
+        colo: Option<WorkerId>,
+    ) -> Result<(), ServeError> {
+        let images = std::mem::take(&mut self.jobs[job as usize].images);
+        let top = self.jobs[job as usize].top as usize;
+        let tenant = self.trace[self.jobs[job as usize].trace_idx as usize].tenant();
+        let mut seen: Vec<u64> = Vec::with_capacity(images.len());
+        let mut kept = Vec::with_capacity(images.len());
+        let mut to_kick: Vec<WorkerId> = Vec::new();
+        let cache = self.cfg.mode.cache() && !images.is_empty();
+        if cache {
+            self.ensure_ctx(tenant)?;
+        }
+        for img in images {
+            self.counters.image_refs += 1;
+            self.tops[top].rec.images += 1;
+            if seen.contains(&img.content) {
+                self.tops[top].rec.images_dedup += 1;
+                self.counters.images_dedup += 1;
+                continue;
+            }
+            seen.push(img.content);
+            let bytes = u64::from(img.tokens) * self.cfg.encoder_bytes_per_token;
+            if cache && self.lookup(now, tenant, &img)? {
+                self.tops[top].rec.images_hit += 1;
+                self.counters.images_hit += 1;
+                self.actions
+                    .push_back(Action::EncodeAvoided { tokens: img.tokens });
+                self.jobs[job as usize].load_bytes += bytes;
+                kept.push(img);
+                continue;
+            }
+            let w = match colo {
+                Some(w) => w,
+                None => self.pick(0),
+            };
+            let idx = kept.len() as u32;
+            kept.push(img);
+            let wk = &mut self.workers[w as usize];
+            wk.enc_q.push_back((job, idx));
+            wk.enc_q_tokens += u64::from(img.tokens);
+            self.jobs[job as usize].pending_images += 1;
+            if !to_kick.contains(&w) {
+                to_kick.push(w);
+            }
+        }
+        self.jobs[job as usize].images = kept;
+        for w in to_kick {
+            self.kick(now, w)?;
+        }
+        if self.jobs[job as usize].pending_images == 0 {
+            self.images_ready(now, job)?;
+        }
+        Ok(())
+    }
+
+    /// A validated lookup of `img`'s embedding (a probe: counted as hit or miss).
+    fn lookup(&mut self, now: Nanos, tenant: u32, img: &Img) -> Result<bool, ServeError> {
+        let ctx = &self.ctxs[tenant as usize];
+        let fp = image_fp(&mut self.fp_memo, ctx, img, None)?;
+        let exp = ctx
+            .expect(img.grid)
+            .map_err(|e| ServeError::Cache("image grid", e))?;
+        let r = match self.cfg.payloads {
+            Payloads::SizeOnly => self.cache.lookup_size_only(now, &fp, &exp),
+            Payloads::Bytes => {
+                self.recv.resize(exp.byte_len as usize, 0);
+                self.cache.lookup(now, &fp, &exp, &mut self.recv)
+            }
+        };
+        let r = r.map_err(|e| ServeError::Cache("cache lookup", e))?;
+        Ok(matches!(r, Lookup::Hit { .. }))
+    }
+
+    fn image_stored(&mut self, now: Nanos, job: JobId, idx: u32) -> Result<(), ServeError> {
+        let img = *self.jobs[job as usize]
+            .images
+            .get(idx as usize)
+            .ok_or(ServeError::Unexpected(Done::Stored(job, idx)))?;
+        let tenant = self.trace[self.jobs[job as usize].trace_idx as usize].tenant();
+        self.ensure_ctx(tenant)?;
+        let ctx = &self.ctxs[tenant as usize];
+        // B1 keys are request-scoped (no cross-request reuse); B2+ are content-addressed.
+        let scope = if self.cfg.mode.cache() {
+            None
+        } else {
+            Some(u64::from(job))
+        };
+        let fp = image_fp(&mut self.fp_memo, ctx, &img, scope)?;
+        let exp = ctx
+            .expect(img.grid)
+            .map_err(|e| ServeError::Cache("image grid", e))?;
+        let cache = &mut self.cache;
+        let r = match self.cfg.payloads {
+            Payloads::SizeOnly => cache.commit_size_only(now, ctx, fp, img.grid),
+            Payloads::Bytes => {
+                let bytes = synthetic_bytes(&fp.0, exp.byte_len);
+                cache.commit(now, ctx, fp, img.grid, &bytes)
+            }
+        };
+        r.map_err(|e| ServeError::Cache("cache commit", e))?;
+        // Cache is transport: the prefill side reads the fresh output back through the
+        // validated path (counted as a readback, not a hit). If the store refused or lost
+        // it, the output still reaches the prefill worker directly (fail-open).
+        let r = match self.cfg.payloads {
+            Payloads::SizeOnly => cache.readback_size_only(now, &fp, &exp),
+            Payloads::Bytes => {
+                self.recv.resize(exp.byte_len as usize, 0);
+                cache.readback(now, &fp, &exp, &mut self.recv)
+            }
+        };
+        r.map_err(|e| ServeError::Cache("cache readback", e))?;
+        let j = &mut self.jobs[job as usize];
+        j.load_bytes += u64::from(img.tokens) * self.cfg.encoder_bytes_per_token;
+        j.pending_images -= 1;
+        if j.pending_images == 0 {
+            self.images_ready(now, job)?;
+        }
+        Ok(())
+    }
+
+    /// All images of `job` are available: place its prefill, look up its prefix KV, load.
+    fn images_ready(&mut self, now: Nanos, job: JobId) -> Result<(), ServeError> {
+        if !self.cfg.mode.disaggregated() {
+            let j = &self.jobs[job as usize];
+            let (w, new) = (j.prefill_worker, j.prompt);
+            let wk = &mut self.workers[w as usize];
+            wk.pre_q.push_back(job);
+            wk.pre_q_tokens += u64::from(new);
+            return self.kick(now, w);
+        }
+        let w = self.pick(1);
+        self.jobs[job as usize].prefill_worker = w;
+        let mut hit_blocks = 0u64;
+        let mut missing = Vec::new();
+        if self.cfg.kv_prefix_store {
+            let trace = self.trace;
+            let tr = &trace[self.jobs[job as usize].trace_idx as usize];
+            let ids = tr.prompt_blocks();
+            let mut blocks = KvBlocks {
+                store: self.cache.store_mut(),
+                now,
+                ids,
+                key: &mut self.key,
+                block_bytes: 0,
+                payloads: self.cfg.payloads,
+            };
+            let hit =
+                kv_prefix::lookup(&mut blocks, ids.len(), &mut self.blocks_missing, |_, _| {})
+                    .map_err(|e| ServeError::Store("lookup", e))?;
+            self.counters.kv_lookups += ids.len() as u64;
+            self.counters.kv_hits += hit as u64;
+            hit_blocks = hit as u64;
+            missing.extend(self.blocks_missing.iter().map(|&i| ids[i]));
+        }
+        let j = &mut self.jobs[job as usize];
+        j.cached_prefix = ((hit_blocks * u64::from(self.cfg.prefix_block_tokens)) as u32)
+            .min(j.prompt.saturating_sub(1));
+        j.kv_missing = missing;
+        let kv_bytes = u64::from(j.cached_prefix) * self.cfg.kv_bytes_per_token;
+        let embed_bytes = j.load_bytes;
+        let top = j.top as usize;
+        let rec = &mut self.tops[top].rec;
+        rec.prefix_hit_tokens += u64::from(j.cached_prefix);
+        rec.bytes_store_prefill += embed_bytes + kv_bytes;
+        self.counters.link_bytes[1] += embed_bytes + kv_bytes;
+        self.actions.push_back(Action::Load {
+            job,
+            worker: w,
+            embed_bytes,
+            kv_bytes,
+        });
+        Ok(())
+    }
+
+    /// Start the next batch on an idle worker: encode, then prefill, then decode.
+    fn kick(&mut self, now: Nanos, w: WorkerId) -> Result<(), ServeError> {
+        let wk = &self.workers[w as usize];
+        if !matches!(wk.inflight, Inflight::Idle) {
+            return Ok(());
+        }
+        if wk.enc && !wk.enc_q.is_empty() {
+            self.start_encode(now, w);
+            return Ok(());
+        }
+        if wk.pre && !wk.pre_q.is_empty() {
+            self.start_prefill(now, w);
+            return Ok(());
+        }
+        if wk.dec && (!wk.batch.is_empty() || !wk.dec_wait.is_empty()) {
+            return self.start_decode(w);
+        }
+        Ok(())
+    }
+
+    fn start_encode(&mut self, now: Nanos, w: WorkerId) {
+        let budget = u64::from(self.cfg.encoder_max_batch_tokens);
+        let mut batch = Vec::new();
+        let mut tokens = Vec::new();
+        let mut sum = 0u64;
+        while let Some(&(job, idx)) = self.workers[w as usize].enc_q.front() {
+            let t = self.jobs[job as usize].images[idx as usize].tokens;
+            if !batch.is_empty() && sum + u64::from(t) > budget {
+                break;
+            }
+            self.workers[w as usize].enc_q.pop_front();
+            self.workers[w as usize].enc_q_tokens -= u64::from(t);
+            sum += u64::from(t);
+            batch.push((job, idx));
+            tokens.push(t);
+            let top = self.jobs[job as usize].top as usize;
+            let rec = &mut self.tops[top].rec;
+            // Stage times are the request's own path; re-run branches do not move them.
+            if rec.encode_start_ns == NONE && self.jobs[job as usize].branch.is_none() {
+                rec.encode_start_ns = now;
+            }
+        }
+        self.workers[w as usize].inflight = Inflight::Encode(batch);
+        self.actions.push_back(Action::Encode { worker: w, tokens });
+    }
+
+    fn start_prefill(&mut self, now: Nanos, w: WorkerId) {
+        let mut budget = self.cfg.prefill_chunk_tokens;
+        let mut chunks = Vec::new();
+        let mut shapes = Vec::new();
+        let n = self.workers[w as usize].pre_q.len();
+        for k in 0..n {
+            if budget == 0 {
+                break;
+            }
+            let job = self.workers[w as usize].pre_q[k];
+            let j = &self.jobs[job as usize];
+            let left = j.prompt - j.cached_prefix - j.prefill_done;
+            let take = left.min(budget);
+            budget -= take;
+            chunks.push((job, take));
+            shapes.push((take, j.cached_prefix + j.prefill_done));
+            let top = j.top as usize;
+            if j.branch.is_none() && self.tops[top].rec.prefill_start_ns == NONE {
+                self.tops[top].rec.prefill_start_ns = now;
+            }
+        }
+        self.workers[w as usize].inflight = Inflight::Prefill(chunks);
+        self.actions.push_back(Action::Prefill {
+            worker: w,
+            chunks: shapes,
+        });
+    }
+
+    fn start_decode(&mut self, w: WorkerId) -> Result<(), ServeError> {
+        // Admit waiting sequences while the batch and the KV pool allow.
+        while self.workers[w as usize].batch.len() < self.cfg.decode_max_batch {
+            let Some(&job) = self.workers[w as usize].dec_wait.front() else {
+                break;
+            };
+            let ctx = u64::from(self.jobs[job as usize].prompt) + 1;
+            let wk = &mut self.workers[w as usize];
+            let pool = wk.pool.as_mut().ok_or(ServeError::Config {
+                field: "decode worker",
+                what: "has no KV pool".into(),
+            })?;
+            match pool.allocate(ctx) {
+                Ok(seq) => {
+                    wk.dec_wait.pop_front();
+                    let j = &mut self.jobs[job as usize];
+                    if j.preempted {
+                        // Recompute the lost KV before the sequence decodes again.
+                        wk.extra.push(Extra::Recompute { tokens: ctx as u32 });
+                        j.preempted = false;
+                    }
+                    j.seq = Some(seq);
+                    wk.batch
+                        .admit(pool, job, seq, ctx, u64::from(j.decode_left))?;
+                }
+                Err(_) => break,
+            }
+        }
+        let wk = &mut self.workers[w as usize];
+        if wk.batch.is_empty() {
+            if wk.dec_wait.is_empty() {
+                return Ok(());
+            }
+            return Err(ServeError::DoesNotFit {
+                worker: w,
+                tokens: self.jobs[wk.dec_wait[0] as usize].prompt,
+            });
+        }
+        wk.inflight = Inflight::Decode;
+        self.actions.push_back(Action::Decode {
+            worker: w,
+            batch: wk.batch.len(),
+            ctx_sum: wk.batch.ctx_sum(),
+            extra: std::mem::take(&mut wk.extra),
+        });
+        Ok(())
+    }
+
+    fn step_done(&mut self, now: Nanos, w: WorkerId) -> Result<(), ServeError> {
+        match std::mem::replace(&mut self.workers[w as usize].inflight, Inflight::Idle) {
+            Inflight::Idle => return Err(ServeError::Unexpected(Done::Step(w))),
+            Inflight::Encode(batch) => {
+                for (job, idx) in batch {
+                    let top = self.jobs[job as usize].top as usize;
+                    if self.jobs[job as usize].branch.is_none() {
+                        self.tops[top].rec.encode_end_ns = now;
+                    }
+                    self.tops[top].rec.images_encoded += 1;
+                    self.counters.images_encoded += 1;
+                    if self.cfg.mode.disaggregated() {
+                        let bytes = u64::from(self.jobs[job as usize].images[idx as usize].tokens)
+                            * self.cfg.encoder_bytes_per_token;
+                        self.tops[top].rec.bytes_encoder_store += bytes;
+                        self.counters.link_bytes[0] += bytes;
+                        self.actions.push_back(Action::Transfer {
+                            from: w,
+                            to: None,
+                            flow: Flow::Put,
+                            bytes,
+                            done: Some(Done::Stored(job, idx)),
+                        });
+                    } else {
+                        let j = &mut self.jobs[job as usize];
+                        j.pending_images -= 1;
+                        if j.pending_images == 0 {
+                            self.images_ready(now, job)?;
+                        }
+                    }
+                }
+            }
+            Inflight::Prefill(chunks) => {
+                for (job, n) in chunks {
+                    self.workers[w as usize].pre_q_tokens -= u64::from(n);
+                    let j = &mut self.jobs[job as usize];
+                    j.prefill_done += n;
+                    if j.prefill_done + j.cached_prefix < j.prompt {
+                        continue;
+                    }
+                    // Done: leave the queue (it is at the front part of the queue).
+                    let q = &mut self.workers[w as usize].pre_q;
+                    if let Some(pos) = q.iter().position(|&x| x == job) {
+                        q.remove(pos);
+                    }
+                    self.prefill_finished(now, w, job)?;
+                }
+            }
+            Inflight::Decode => self.decode_done(now, w)?,
+        }
+        self.kick(now, w)
+    }
+
+    fn prefill_finished(&mut self, now: Nanos, w: WorkerId, job: JobId) -> Result<(), ServeError> {
+        let top = self.jobs[job as usize].top as usize;
+        // The prefill's last chunk produces the job's first output token.
+        self.tops[top].rec.output_tokens += 1;
+        if self.jobs[job as usize].branch.is_none() {
+            let rec = &mut self.tops[top].rec;
+            rec.prefill_end_ns = now;
+            rec.first_token_ns = now;
+        }
+        // Publish the freshly computed prefix blocks (off the critical path).
+        let missing = std::mem::take(&mut self.jobs[job as usize].kv_missing);
+        if !missing.is_empty() && self.cfg.mode.disaggregated() {
+            let block_bytes = u64::from(self.cfg.prefix_block_tokens) * self.cfg.kv_bytes_per_token;
+            let mut blocks = KvBlocks {
+                store: self.cache.store_mut(),
+                now,
+                ids: &missing,
+                key: &mut self.key,
+                block_bytes,
+                payloads: self.cfg.payloads,
+            };
+            for i in 0..missing.len() {
+                if kv_prefix::publish(&mut blocks, i).map_err(|e| ServeError::Store("put", e))?
+                    == Publish::Stored
+                {
+                    self.actions.push_back(Action::Transfer {
+                        from: w,
+                        to: None,
+                        flow: Flow::KvPut,
+                        bytes: block_bytes,
+                        done: None,
+                    });
+                }
+            }
+        }
+        let dec = if self.cfg.mode.disaggregated() {
+            self.pick(2)
+        } else {
+            w
+        };
+        self.jobs[job as usize].decode_worker = dec;
+        if self.cfg.mode.disaggregated() {
+            let bytes = u64::from(self.jobs[job as usize].prompt) * self.cfg.kv_bytes_per_token;
+            self.tops[top].rec.bytes_prefill_decode += bytes;
+            self.counters.link_bytes[2] += bytes;
+            self.actions.push_back(Action::Transfer {
+                from: w,
+                to: Some(dec),
+                flow: Flow::KvPut,
+                bytes,
+                done: Some(Done::KvArrived(job)),
+            });
+        } else {
+            self.workers[dec as usize].dec_wait.push_back(job);
+        }
+        Ok(())
+    }
+
+    fn decode_done(&mut self, now: Nanos, w: WorkerId) -> Result<(), ServeError> {
+        let mut out = std::mem::take(&mut self.step_out);
+        let wk = &mut self.workers[w as usize];
+        let Some(pool) = wk.pool.as_mut() else {
+            return Err(ServeError::Unexpected(Done::Step(w)));
+        };
+        wk.batch.step(pool, &mut out)?;
+        self.counters.fork_copy_bytes += out.cow_bytes;
+        for &(job, n) in &out.credits {
+            let j = &mut self.jobs[job as usize];
+            j.decode_left = j.decode_left.saturating_sub(n as u32);
+            self.tops[j.top as usize].rec.output_tokens += n;
+        }
+        for r in &out.preempted {
+            // KV pool full: drop this sequence's KV; it recomputes on re-admission.
+            if let Some(pool) = self.workers[w as usize].pool.as_mut() {
+                let _ = pool.release(r.seq);
+            }
+            self.counters.preemptions += 1;
+            let j = &mut self.jobs[r.job as usize];
+            j.preempted = true;
+            j.seq = None;
+            // The sequence re-enters with its context as the new prompt.
+            j.prompt = r.ctx as u32;
+            self.workers[w as usize].dec_wait.push_front(r.job);
+        }
+        let mut res = Ok(());
+        for &r in &out.finished {
+            res = self.job_finished(now, w, r);
+            if res.is_err() {
+                break;
+            }
+        }
+        self.step_out = out;
+        res
+    }
+
+    fn job_finished(&mut self, now: Nanos, w: WorkerId, r: Leaving) -> Result<(), ServeError> {
+        let job = r.job;
+        let top = self.jobs[job as usize].top as usize;
+        let trace_idx = self.jobs[job as usize].trace_idx;
+        if self.jobs[job as usize].fork_after {
+            self.jobs[job as usize].fork_after = false;
+            let trace = self.trace;
+            let outs = trace[trace_idx as usize].branch_output_tokens();
+            if self.cfg.mode.fork() && self.fork(w, top, trace_idx, r, outs)? {
+                return Ok(());
+            }
+            if let Some(pool) = self.workers[w as usize].pool.as_mut() {
+                let _ = pool.release(r.seq);
+            }
+            let images = images_of(&trace[trace_idx as usize]);
+            for (i, &tokens) in outs.iter().enumerate() {
+                let b = self.new_job(
+                    top as u32,
+                    trace_idx,
+                    Some(i as u32),
+                    r.ctx as u32,
+                    tokens.saturating_sub(1),
+                    images.clone(),
+                    false,
+                );
+                self.route(now, b)?;
+            }
+            return Ok(());
+        }
+        if let Some(pool) = self.workers[w as usize].pool.as_mut() {
+            let _ = pool.release(r.seq);
+        }
+        self.jobs[job as usize].seq = None;
+        let is_branch = self.jobs[job as usize].branch.is_some();
+        let t = &mut self.tops[top];
+        if is_branch {
+            t.branches_left = t.branches_left.saturating_sub(1);
+        }
+        if (is_branch && t.branches_left == 0) || (!is_branch && t.rec.branches == 0) {
+            t.rec.finish_ns = now;
+            t.done = true;
+        }
+        Ok(())
+    }
+
+    /// Fork the finished shared part `r` into its branches on worker `w` through the
+    /// core's fail-closed admission. False when admission refused (or the pool had no
+    /// room): the caller falls back to independent prefill of every branch.
+    fn fork(
+        &mut self,
+        w: WorkerId,
+        top: usize,
+        trace_idx: u32,
+        r: Leaving,
+        outs: &[u32],
+    ) -> Result<bool, ServeError> {
+        let n = outs.len() as u32;
+        let Some(pool) = self.workers[w as usize].pool.as_mut() else {
+            return Ok(false);
+        };
+        // The decode pool keeps no text-prefix (radix) cache: prefix KV loaded from the
+        // store is copied into private pages, so nothing outside this request shares them.
+        let state = BranchState::new(Vec::new(), self.tops[top].rec.id);
+        let forked = match fork_request(pool, r.seq, &state, n, AdmissionInput::default()) {
+            Ok(f) => f,
+            Err(_) => {
+                self.counters.forks_refused += 1;
+                return Ok(false);
+            }
+        };
+        let c = &mut self.counters;
+        c.forks += 1;
+        c.fork_pages_shared += forked.cost.pages_shared;
+        c.fork_copy_bytes += forked.cost.tail_copy_bytes;
+        c.fork_state_clones += u64::from(forked.cost.state_clones);
+        c.fork_state_bytes += forked.cost.state_bytes;
+        c.fork_prefill_tokens_avoided += r.ctx * u64::from(n);
+        self.workers[w as usize].extra.push(Extra::TailCopy {
+            bytes: forked.cost.tail_copy_bytes,
+        });
+        for (i, b) in forked.branches.iter().enumerate() {
+            let tokens = outs.get(i).copied().unwrap_or(0);
+            let job = self.new_job(
+                top as u32,
+                trace_idx,
+                Some(i as u32),
+                r.ctx as u32,
+                tokens,
+                Vec::new(),
+                false,
+            );
+            self.jobs[job as usize].seq = Some(b.seq);
+            self.jobs[job as usize].decode_worker = w;
+            let wk = &mut self.workers[w as usize];
+            let Some(pool) = wk.pool.as_ref() else {
+                return Err(ServeError::Unexpected(Done::Step(w)));
+            };
+            wk.batch.admit(pool, job, b.seq, r.ctx, u64::from(tokens))?;
+        }
+        Ok(true)
+    }
+}
