@@ -35,6 +35,7 @@ mod engine;
 pub mod kv_prefix;
 mod record;
 mod request;
+pub mod toy;
 
 pub use engine::{Counters, Engine, Served};
 pub use record::{RequestRecord, NONE};

@@ -1,0 +1,369 @@
+//! The serving engine driven by a toy driver with random durations (not the simulator):
+//! random traces, modes, cluster shapes and completion orders. Checks (INVARIANTS E1-E4):
+//! every request finishes exactly once; no work starts before its inputs exist; KV block
+//! refcounts balance (free + used = capacity at every step, nothing held at the end);
+//! every store object a request reads was committed before.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use moonagent_core::rng::Rng;
+use moonagent_core::serve::toy::{drive, replay_inputs, Input, Seen};
+use moonagent_core::serve::{
+    Action, Counters, Done, Engine, EngineConfig, Mode, Payloads, RequestView, NONE,
+};
+use moonagent_core::store::{
+    MemStore, MemStoreConfig, Nanos, Payload, ReplicateConfig, Store, StoreResult,
+};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Req {
+    id: u64,
+    prompt: u32,
+    output: u32,
+    blocks: Vec<u64>,
+    images: Vec<(u64, u32)>,
+    branches: Vec<u32>,
+}
+
+impl RequestView for Req {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn session(&self) -> u64 {
+        self.id / 3
+    }
+    fn tenant(&self) -> u32 {
+        (self.id % 2) as u32
+    }
+    fn prompt_tokens(&self) -> u32 {
+        self.prompt
+    }
+    fn output_tokens(&self) -> u32 {
+        self.output
+    }
+    fn prompt_blocks(&self) -> &[u64] {
+        &self.blocks
+    }
+    fn image_count(&self) -> usize {
+        self.images.len()
+    }
+    fn image(&self, i: usize) -> (u64, u32, Option<[u32; 3]>) {
+        (self.images[i].0, self.images[i].1, None)
+    }
+    fn branch_output_tokens(&self) -> &[u32] {
+        &self.branches
+    }
+}
+
+/// A store that records every key it committed and checks that every successful read
+/// is of a key committed before (E4).
+struct Audit<S> {
+    inner: S,
+    committed: BTreeSet<String>,
+    reads: u64,
+    bad: Vec<String>,
+}
+
+impl<S: Store> Audit<S> {
+    fn saw(&mut self, key: &str) {
+        self.reads += 1;
+        if !self.committed.contains(key) {
+            self.bad.push(key.to_string());
+        }
+    }
+}
+
+impl<S: Store> Store for Audit<S> {
+    fn put_start(
+        &mut self,
+        now: Nanos,
+        key: &str,
+        size: u64,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        self.inner.put_start(now, key, size, cfg)
+    }
+    fn put_end(&mut self, now: Nanos, key: &str, payload: Payload) -> StoreResult<()> {
+        let r = self.inner.put_end(now, key, payload);
+        if r.is_ok() {
+            self.committed.insert(key.to_string());
+        }
+        r
+    }
+    fn put_revoke(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
+        self.inner.put_revoke(now, key)
+    }
+    fn get_into(&mut self, now: Nanos, key: &str, buf: &mut [u8]) -> StoreResult<u64> {
+        let r = self.inner.get_into(now, key, buf);
+        if r.is_ok() {
+            self.saw(key);
+        }
+        r
+    }
+    fn get_size(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
+        let r = self.inner.get_size(now, key);
+        if r.is_ok() {
+            self.saw(key);
+        }
+        r
+    }
+    fn exists(&mut self, now: Nanos, key: &str) -> StoreResult<bool> {
+        let r = self.inner.exists(now, key);
+        if r == Ok(true) {
+            self.saw(key);
+        }
+        r
+    }
+    fn remove(&mut self, now: Nanos, key: &str, force: bool) -> StoreResult<()> {
+        self.inner.remove(now, key, force)
+    }
+}
+
+fn trace(seed: u64, n: usize, block: u32) -> Vec<Req> {
+    let mut r = Rng::stream(seed, "serve-prop-trace");
+    (0..n)
+        .map(|i| {
+            let prompt = 1 + r.below(300) as u32;
+            let nblocks = prompt.div_ceil(block) as u64;
+            // Prefix blocks from a small shared pool: prompts share leading runs.
+            let family = r.below(4);
+            let blocks = (0..nblocks)
+                .map(|b| {
+                    if r.below(4) == 0 {
+                        1000 + i as u64 * 64 + b
+                    } else {
+                        family * 100 + b
+                    }
+                })
+                .collect();
+            let images = (0..r.below(4))
+                .map(|_| {
+                    // The same content is the same processed image (same tokens, grid).
+                    let content = r.below(6);
+                    (content, 1 + (content * 13 % 80) as u32)
+                })
+                .collect();
+            let branches = if r.below(3) == 0 {
+                (0..1 + r.below(3)).map(|_| r.below(20) as u32).collect()
+            } else {
+                Vec::new()
+            };
+            Req {
+                id: i as u64,
+                prompt,
+                output: r.below(30) as u32,
+                blocks,
+                images,
+                branches,
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    seed: u64,
+    mode: Mode,
+    requests: usize,
+    workers: (u32, u32, u32),
+    pages: u32,
+    store_kb: u64,
+    bytes: bool,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        any::<u64>(),
+        prop::sample::select(Mode::ALL.to_vec()),
+        1usize..40,
+        (1u32..3, 1u32..3, 1u32..3),
+        0u32..200,
+        prop_oneof![Just(1u64), Just(64)],
+        any::<bool>(),
+    )
+        .prop_map(
+            |(seed, mode, requests, workers, extra_pages, store_kb, bytes)| Case {
+                seed,
+                mode,
+                requests,
+                workers,
+                // Room for the largest sequence (300 prompt + 30 + 20 output tokens, 8-token
+                // pages) so nothing is refused outright; preemption still happens.
+                pages: 48 + extra_pages,
+                store_kb,
+                bytes,
+            },
+        )
+}
+
+fn run(c: &Case) -> Result<(Counters, u64), TestCaseError> {
+    let block = 16;
+    let tr = trace(c.seed, c.requests, block);
+    let cfg = EngineConfig {
+        mode: c.mode,
+        encoders: c.workers.0,
+        prefills: c.workers.1,
+        decodes: c.workers.2,
+        colocated: c.workers.0,
+        encoder_max_batch_tokens: 128,
+        prefill_chunk_tokens: 96,
+        decode_max_batch: 8,
+        kv_block_tokens: 8,
+        kv_pages: c.pages,
+        prefix_block_tokens: block,
+        kv_prefix_store: true,
+        kv_bytes_per_token: 16,
+        encoder_bytes_per_token: 8,
+        pixel_bytes_per_token: 12,
+        hidden: 4,
+        payloads: if c.bytes {
+            Payloads::Bytes
+        } else {
+            Payloads::SizeOnly
+        },
+    };
+    let store = Audit {
+        inner: MemStore::<String>::new(MemStoreConfig::with_capacity(c.store_kb << 10)).unwrap(),
+        committed: BTreeSet::new(),
+        reads: 0,
+        bad: Vec::new(),
+    };
+    let mut e = Engine::new(cfg.clone(), store, &tr).unwrap();
+    let capacity: Vec<u32> = e.pool_stats().iter().map(|p| p.free + p.used).collect();
+    let mut rng = Rng::stream(c.seed, "serve-prop-durations");
+    // Inputs that must exist before work starts.
+    let mut stored_pending: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut loaded: BTreeSet<u32> = BTreeSet::new();
+    let mut busy: BTreeSet<u32> = BTreeSet::new();
+    let mut finished_seen = vec![false; tr.len()];
+    let arrivals: Vec<u64> = (0..tr.len() as u64).map(|i| i * 50).collect();
+    let check = |ok: bool, what: &dyn Fn() -> String| if ok { Ok(()) } else { Err(what()) };
+    let log = drive(
+        &mut e,
+        &arrivals,
+        |_, _| 1 + rng.below(400),
+        |seen| match seen {
+            Seen::Input(_, Input::Complete(d)) => match *d {
+                Done::Step(w) => check(busy.remove(&w), &|| format!("step of idle worker {w}")),
+                Done::Stored(job, _) => {
+                    *stored_pending.entry(job).or_insert(0) -= 1;
+                    Ok(())
+                }
+                Done::Loaded(job) => {
+                    loaded.insert(job);
+                    Ok(())
+                }
+                _ => Ok(()),
+            },
+            Seen::Input(..) => Ok(()),
+            Seen::Action(_, a) => match a {
+                // One batch at a time per worker.
+                Action::Encode { worker, .. }
+                | Action::Prefill { worker, .. }
+                | Action::Decode { worker, .. } => check(busy.insert(*worker), &|| {
+                    format!("worker {worker} started twice")
+                }),
+                Action::Transfer {
+                    done: Some(Done::Stored(job, _)),
+                    ..
+                } => {
+                    *stored_pending.entry(*job).or_insert(0) += 1;
+                    Ok(())
+                }
+                // The KV goes to decode only after the job's prefill loaded its inputs.
+                Action::Transfer {
+                    done: Some(Done::KvArrived(job)),
+                    ..
+                } => check(loaded.contains(job), &|| {
+                    format!("KV of job {job} moved before its load")
+                }),
+                // Every embedding of the job reached the store first.
+                Action::Load { job, .. } => {
+                    check(stored_pending.get(job).copied().unwrap_or(0) == 0, &|| {
+                        format!("job {job} loaded before its embeddings were stored")
+                    })
+                }
+                _ => Ok(()),
+            },
+            Seen::After(e) => {
+                // E3: pages are conserved at every step.
+                for (p, cap) in e.pool_stats().iter().zip(&capacity) {
+                    check(p.free + p.used == *cap, &|| format!("pages {p:?} of {cap}"))?;
+                }
+                // E1: a request finishes once, and stays finished.
+                for (i, s) in e.served().iter().enumerate() {
+                    check(s.done || !finished_seen[i], &|| {
+                        format!("request {i} un-finished")
+                    })?;
+                    finished_seen[i] |= s.done;
+                }
+                Ok(())
+            }
+        },
+    );
+    let log = match log {
+        Ok(l) => l,
+        Err(err) => return Err(TestCaseError::fail(err.to_string())),
+    };
+    // Same decisions: the input log alone, fed to a fresh engine, gives the same actions.
+    let fresh = MemStore::<String>::new(MemStoreConfig::with_capacity(c.store_kb << 10)).unwrap();
+    let mut again = Engine::new(cfg.clone(), fresh, &tr).unwrap();
+    prop_assert_eq!(
+        &replay_inputs(&mut again, &log.inputs).unwrap(),
+        &log.actions
+    );
+    prop_assert!(busy.is_empty());
+    prop_assert_eq!(e.served().len(), tr.len());
+    for s in e.served() {
+        let r = &s.rec;
+        prop_assert!(s.done, "request {} never finished", r.id);
+        // E2: causality of the stamped times.
+        prop_assert!(r.prefill_start_ns != NONE && r.first_token_ns != NONE && r.finish_ns != NONE);
+        if r.encode_start_ns != NONE {
+            prop_assert!(r.arrival_ns <= r.encode_start_ns && r.encode_start_ns <= r.encode_end_ns);
+            prop_assert!(r.encode_end_ns <= r.prefill_start_ns);
+        }
+        prop_assert!(r.arrival_ns <= r.prefill_start_ns);
+        prop_assert!(r.prefill_start_ns <= r.prefill_end_ns);
+        prop_assert_eq!(r.prefill_end_ns, r.first_token_ns);
+        prop_assert!(r.first_token_ns <= r.finish_ns);
+    }
+    for (p, cap) in e.pool_stats().iter().zip(&capacity) {
+        prop_assert_eq!(p.used, 0, "pages still held at the end");
+        prop_assert_eq!(p.free, *cap);
+    }
+    let store = e.cache().store();
+    prop_assert!(
+        store.bad.is_empty(),
+        "reads of uncommitted objects: {:?}",
+        store.bad
+    );
+    Ok((*e.counters(), store.reads))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    #[test]
+    fn engine_serves_every_request_once_causally_with_balanced_pages(c in case()) {
+        run(&c)?;
+    }
+}
+
+#[test]
+fn forks_run_and_reads_are_of_committed_objects() {
+    // A fixed case that forks and hits the cache, so the checks above have work to see.
+    let c = Case {
+        seed: 7,
+        mode: Mode::Full,
+        requests: 30,
+        workers: (2, 2, 2),
+        pages: 200,
+        store_kb: 64,
+        bytes: true,
+    };
+    let (n, reads) = run(&c).unwrap();
+    assert!(n.forks > 0, "{n:?}");
+    assert!(n.images_hit > 0 && n.kv_hits > 0, "{n:?}");
+    assert!(reads > n.images_hit + n.kv_hits, "{reads} reads, {n:?}");
+}
