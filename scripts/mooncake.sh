@@ -47,7 +47,9 @@ install() {
   fi
   PKG=$("$VENV/bin/python" -c 'import importlib.util,os; print(os.path.dirname(importlib.util.find_spec("mooncake").origin))')
   MASTER_BIN=$PKG/mooncake_master
-  if ldd "$MASTER_BIN" "$PKG/store.so" | grep -q 'not found'; then
+  # grep reads all of ldd's output (no -q): with pipefail, an early exit would SIGPIPE ldd
+  # and make a missing library look present.
+  if ldd "$MASTER_BIN" "$PKG/store.so" | grep 'not found' > /dev/null; then
     missing=$(ldd "$MASTER_BIN" "$PKG/store.so" | awk '/not found/{print $1}' | sort -u | tr '\n' ' ')
     log "missing shared libraries: $missing; installing libibverbs1 (and libnuma1/librdmacm1 if listed)"
     pkgs="libibverbs1"

@@ -2,164 +2,16 @@
 //! random traces, modes, cluster shapes and completion orders. Checks (INVARIANTS E1-E4):
 //! every request finishes exactly once; no work starts before its inputs exist; KV block
 //! refcounts balance (free + used = capacity at every step, nothing held at the end);
-//! every store object a request reads was committed before.
+//! every store object a request reads was committed before; the input log replays to
+//! the same action log.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use moonagent_core::rng::Rng;
-use moonagent_core::serve::toy::{drive, replay_inputs, Input, Seen};
-use moonagent_core::serve::{
-    Action, Counters, Done, Engine, EngineConfig, Mode, Payloads, RequestView, NONE,
-};
-use moonagent_core::store::{
-    MemStore, MemStoreConfig, Nanos, Payload, ReplicateConfig, Store, StoreResult,
-};
+use moonagent_core::serve::toy::{drive, replay_inputs, toy_config, toy_trace, Input, Seen};
+use moonagent_core::serve::{Action, Counters, Done, Engine, EngineConfig, Mode, Payloads, NONE};
+use moonagent_core::store::{MemStore, MemStoreConfig, OpKind, Recorded};
 use proptest::prelude::*;
-
-#[derive(Debug, Clone)]
-struct Req {
-    id: u64,
-    prompt: u32,
-    output: u32,
-    blocks: Vec<u64>,
-    images: Vec<(u64, u32)>,
-    branches: Vec<u32>,
-}
-
-impl RequestView for Req {
-    fn id(&self) -> u64 {
-        self.id
-    }
-    fn session(&self) -> u64 {
-        self.id / 3
-    }
-    fn tenant(&self) -> u32 {
-        (self.id % 2) as u32
-    }
-    fn prompt_tokens(&self) -> u32 {
-        self.prompt
-    }
-    fn output_tokens(&self) -> u32 {
-        self.output
-    }
-    fn prompt_blocks(&self) -> &[u64] {
-        &self.blocks
-    }
-    fn image_count(&self) -> usize {
-        self.images.len()
-    }
-    fn image(&self, i: usize) -> (u64, u32, Option<[u32; 3]>) {
-        (self.images[i].0, self.images[i].1, None)
-    }
-    fn branch_output_tokens(&self) -> &[u32] {
-        &self.branches
-    }
-}
-
-/// A store that records every key it committed and checks that every successful read
-/// is of a key committed before (E4).
-struct Audit<S> {
-    inner: S,
-    committed: BTreeSet<String>,
-    reads: u64,
-    bad: Vec<String>,
-}
-
-impl<S: Store> Audit<S> {
-    fn saw(&mut self, key: &str) {
-        self.reads += 1;
-        if !self.committed.contains(key) {
-            self.bad.push(key.to_string());
-        }
-    }
-}
-
-impl<S: Store> Store for Audit<S> {
-    fn put_start(
-        &mut self,
-        now: Nanos,
-        key: &str,
-        size: u64,
-        cfg: &ReplicateConfig,
-    ) -> StoreResult<()> {
-        self.inner.put_start(now, key, size, cfg)
-    }
-    fn put_end(&mut self, now: Nanos, key: &str, payload: Payload) -> StoreResult<()> {
-        let r = self.inner.put_end(now, key, payload);
-        if r.is_ok() {
-            self.committed.insert(key.to_string());
-        }
-        r
-    }
-    fn put_revoke(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
-        self.inner.put_revoke(now, key)
-    }
-    fn get_into(&mut self, now: Nanos, key: &str, buf: &mut [u8]) -> StoreResult<u64> {
-        let r = self.inner.get_into(now, key, buf);
-        if r.is_ok() {
-            self.saw(key);
-        }
-        r
-    }
-    fn get_size(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
-        let r = self.inner.get_size(now, key);
-        if r.is_ok() {
-            self.saw(key);
-        }
-        r
-    }
-    fn exists(&mut self, now: Nanos, key: &str) -> StoreResult<bool> {
-        let r = self.inner.exists(now, key);
-        if r == Ok(true) {
-            self.saw(key);
-        }
-        r
-    }
-    fn remove(&mut self, now: Nanos, key: &str, force: bool) -> StoreResult<()> {
-        self.inner.remove(now, key, force)
-    }
-}
-
-fn trace(seed: u64, n: usize, block: u32) -> Vec<Req> {
-    let mut r = Rng::stream(seed, "serve-prop-trace");
-    (0..n)
-        .map(|i| {
-            let prompt = 1 + r.below(300) as u32;
-            let nblocks = prompt.div_ceil(block) as u64;
-            // Prefix blocks from a small shared pool: prompts share leading runs.
-            let family = r.below(4);
-            let blocks = (0..nblocks)
-                .map(|b| {
-                    if r.below(4) == 0 {
-                        1000 + i as u64 * 64 + b
-                    } else {
-                        family * 100 + b
-                    }
-                })
-                .collect();
-            let images = (0..r.below(4))
-                .map(|_| {
-                    // The same content is the same processed image (same tokens, grid).
-                    let content = r.below(6);
-                    (content, 1 + (content * 13 % 80) as u32)
-                })
-                .collect();
-            let branches = if r.below(3) == 0 {
-                (0..1 + r.below(3)).map(|_| r.below(20) as u32).collect()
-            } else {
-                Vec::new()
-            };
-            Req {
-                id: i as u64,
-                prompt,
-                output: r.below(30) as u32,
-                blocks,
-                images,
-                branches,
-            }
-        })
-        .collect()
-}
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -198,37 +50,23 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 fn run(c: &Case) -> Result<(Counters, u64), TestCaseError> {
-    let block = 16;
-    let tr = trace(c.seed, c.requests, block);
+    let tr = toy_trace(c.seed, c.requests, 16);
+    let payloads = if c.bytes {
+        Payloads::Bytes
+    } else {
+        Payloads::SizeOnly
+    };
     let cfg = EngineConfig {
-        mode: c.mode,
         encoders: c.workers.0,
         prefills: c.workers.1,
         decodes: c.workers.2,
         colocated: c.workers.0,
-        encoder_max_batch_tokens: 128,
-        prefill_chunk_tokens: 96,
-        decode_max_batch: 8,
-        kv_block_tokens: 8,
         kv_pages: c.pages,
-        prefix_block_tokens: block,
-        kv_prefix_store: true,
-        kv_bytes_per_token: 16,
-        encoder_bytes_per_token: 8,
-        pixel_bytes_per_token: 12,
-        hidden: 4,
-        payloads: if c.bytes {
-            Payloads::Bytes
-        } else {
-            Payloads::SizeOnly
-        },
+        ..toy_config(c.mode, payloads)
     };
-    let store = Audit {
-        inner: MemStore::<String>::new(MemStoreConfig::with_capacity(c.store_kb << 10)).unwrap(),
-        committed: BTreeSet::new(),
-        reads: 0,
-        bad: Vec::new(),
-    };
+    let store = Recorded::new(
+        MemStore::<String>::new(MemStoreConfig::with_capacity(c.store_kb << 10)).unwrap(),
+    );
     let mut e = Engine::new(cfg.clone(), store, &tr).unwrap();
     let capacity: Vec<u32> = e.pool_stats().iter().map(|p| p.free + p.used).collect();
     let mut rng = Rng::stream(c.seed, "serve-prop-durations");
@@ -333,13 +171,26 @@ fn run(c: &Case) -> Result<(Counters, u64), TestCaseError> {
         prop_assert_eq!(p.used, 0, "pages still held at the end");
         prop_assert_eq!(p.free, *cap);
     }
-    let store = e.cache().store();
-    prop_assert!(
-        store.bad.is_empty(),
-        "reads of uncommitted objects: {:?}",
-        store.bad
-    );
-    Ok((*e.counters(), store.reads))
+    // E4: every object read was committed (a completed put) before the read.
+    let mut committed = BTreeSet::new();
+    let mut reads = 0u64;
+    for op in e.cache().store().ops() {
+        match op.kind {
+            OpKind::PutEnd if op.ok => {
+                committed.insert(op.key.as_str());
+            }
+            OpKind::Get | OpKind::GetSize | OpKind::Exists if op.ok => {
+                reads += 1;
+                prop_assert!(
+                    committed.contains(op.key.as_str()),
+                    "read of uncommitted {}",
+                    op.key
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok((*e.counters(), reads))
 }
 
 proptest! {

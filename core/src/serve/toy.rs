@@ -127,3 +127,118 @@ pub enum DriveError {
     #[error("check failed: {0}")]
     Check(String),
 }
+
+/// A small request for toy runs (see [`toy_trace`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToyRequest {
+    /// Id (also its index).
+    pub id: u64,
+    /// Prompt tokens.
+    pub prompt: u32,
+    /// Output tokens before the fork.
+    pub output: u32,
+    /// Prefix block ids.
+    pub blocks: Vec<u64>,
+    /// `(content id, visual tokens)` of each image.
+    pub images: Vec<(u64, u32)>,
+    /// Output tokens of each branch (empty: no fork).
+    pub branches: Vec<u32>,
+}
+
+impl RequestView for ToyRequest {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn session(&self) -> u64 {
+        self.id / 3
+    }
+    fn tenant(&self) -> u32 {
+        (self.id % 2) as u32
+    }
+    fn prompt_tokens(&self) -> u32 {
+        self.prompt
+    }
+    fn output_tokens(&self) -> u32 {
+        self.output
+    }
+    fn prompt_blocks(&self) -> &[u64] {
+        &self.blocks
+    }
+    fn image_count(&self) -> usize {
+        self.images.len()
+    }
+    fn image(&self, i: usize) -> (u64, u32, Option<[u32; 3]>) {
+        (self.images[i].0, self.images[i].1, None)
+    }
+    fn branch_output_tokens(&self) -> &[u32] {
+        &self.branches
+    }
+}
+
+/// `n` random requests that exercise every path: prompts of 1-300 tokens whose prefix
+/// blocks (`block_tokens` each) share leading runs across four families, 0-3 images from
+/// a pool of six (the same content always has the same visual tokens), two tenants, and
+/// a fork into 1-3 branches for a third of them.
+pub fn toy_trace(seed: u64, n: usize, block_tokens: u32) -> Vec<ToyRequest> {
+    let mut r = crate::rng::Rng::stream(seed, "serve-prop-trace");
+    (0..n)
+        .map(|i| {
+            let prompt = 1 + r.below(300) as u32;
+            let nblocks = u64::from(prompt.div_ceil(block_tokens.max(1)));
+            let family = r.below(4);
+            let blocks = (0..nblocks)
+                .map(|b| {
+                    if r.below(4) == 0 {
+                        1000 + i as u64 * 64 + b
+                    } else {
+                        family * 100 + b
+                    }
+                })
+                .collect();
+            let images = (0..r.below(4))
+                .map(|_| {
+                    let content = r.below(6);
+                    (content, 1 + (content * 13 % 80) as u32)
+                })
+                .collect();
+            let branches = if r.below(3) == 0 {
+                (0..1 + r.below(3)).map(|_| r.below(20) as u32).collect()
+            } else {
+                Vec::new()
+            };
+            ToyRequest {
+                id: i as u64,
+                prompt,
+                output: r.below(30) as u32,
+                blocks,
+                images,
+                branches,
+            }
+        })
+        .collect()
+}
+
+/// A small cluster for toy runs: one worker per role (B0: one colocated), tiny budgets,
+/// 8-token pages (256 of them), 16-token prefix blocks and byte sizes small enough that
+/// a real store holds a whole run.
+pub fn toy_config(mode: super::Mode, payloads: super::Payloads) -> super::EngineConfig {
+    super::EngineConfig {
+        mode,
+        encoders: 1,
+        prefills: 1,
+        decodes: 1,
+        colocated: 1,
+        encoder_max_batch_tokens: 128,
+        prefill_chunk_tokens: 96,
+        decode_max_batch: 8,
+        kv_block_tokens: 8,
+        kv_pages: 256,
+        prefix_block_tokens: 16,
+        kv_prefix_store: true,
+        kv_bytes_per_token: 16,
+        encoder_bytes_per_token: 8,
+        pixel_bytes_per_token: 12,
+        hidden: 4,
+        payloads,
+    }
+}

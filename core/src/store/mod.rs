@@ -16,6 +16,7 @@ mod key;
 mod mem;
 pub mod policies;
 pub mod policy;
+mod recorded;
 
 pub use error::{StoreError, StoreResult};
 pub use key::{OtherKey, StoreKey, StrKey, KV_PREFIX, MM_BLOB_PREFIX, MM_META_PREFIX};
@@ -23,6 +24,7 @@ pub use mem::{MemStore, MemStoreConfig, ObjId, StoreStats, TypeStats};
 pub use policy::{
     Candidate, EvictRequest, EvictionPolicy, MooncakeDefault, ObjectMeta, PolicyConfig,
 };
+pub use recorded::{OpKind, Recorded, StoreOp};
 
 use serde::{Deserialize, Serialize};
 
