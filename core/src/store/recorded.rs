@@ -92,14 +92,14 @@ impl<S: Store> Recorded<S> {
     pub fn written_keys(&self) -> Vec<String> {
         let mut order: Vec<&str> = Vec::new();
         let mut live: std::collections::HashMap<&str, bool> = std::collections::HashMap::new();
-        for op in &self.ops {
-            match (op.kind, op.ok) {
-                (OpKind::PutEnd, true) => {
-                    if live.insert(&op.key, true).is_none() {
-                        order.push(&op.key);
-                    }
+        for op in self.ops.iter().filter(|o| o.ok) {
+            match op.kind {
+                OpKind::PutEnd => {
+                    // First write of the key: remember its position.
+                    let first = live.insert(&op.key, true).is_none();
+                    order.extend(first.then_some(op.key.as_str()));
                 }
-                (OpKind::Remove, true) => {
+                OpKind::Remove => {
                     live.insert(&op.key, false);
                 }
                 _ => {}
