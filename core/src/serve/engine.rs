@@ -1,7 +1,6 @@
 //! [`Engine`]: the request path's state machine (see the module docs of `serve`).
 
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 
 use crate::fingerprint::{Dtype, ImageFp, ImageHasher, ModelParts};
 use crate::fork::{
@@ -132,7 +131,6 @@ pub struct Engine<'a, S: Store, R: RequestView> {
     step_out: StepOutcome,
     fp_memo: FpMemo,
     actions: VecDeque<Action>,
-    key: String,
     blocks_missing: Vec<usize>,
     recv: Vec<u8>,
 }
@@ -190,34 +188,25 @@ struct KvBlocks<'s, S: Store> {
     store: &'s mut S,
     now: Nanos,
     ids: &'s [u64],
-    key: &'s mut String,
     block_bytes: u64,
     payloads: Payloads,
 }
 
-impl<S: Store> KvBlocks<'_, S> {
-    fn set_key(&mut self, i: usize) {
-        self.key.clear();
-        let _ = write!(self.key, "{}{}", crate::store::KV_PREFIX, self.ids[i]);
-    }
-}
-
 impl<S: Store> BlockStore for KvBlocks<'_, S> {
     fn block_exists(&mut self, i: usize) -> StoreResult<bool> {
-        self.set_key(i);
-        self.store.exists(self.now, self.key)
+        self.store.exists_kv(self.now, self.ids[i])
     }
     fn block_put(&mut self, i: usize) -> StoreResult<()> {
-        self.set_key(i);
         let payload = match self.payloads {
             Payloads::SizeOnly => Payload::SizeOnly(self.block_bytes),
-            Payloads::Bytes => {
-                Payload::Bytes(synthetic_bytes(self.key.as_bytes(), self.block_bytes))
-            }
+            Payloads::Bytes => Payload::Bytes(synthetic_bytes(
+                &self.ids[i].to_le_bytes(),
+                self.block_bytes,
+            )),
         };
-        self.store.put(
+        self.store.put_kv(
             self.now,
-            self.key,
+            self.ids[i],
             payload,
             &ReplicateConfig::of(DataType::KvCache),
         )
@@ -321,7 +310,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             step_out: StepOutcome::default(),
             fp_memo: Default::default(),
             actions: VecDeque::new(),
-            key: String::new(),
             blocks_missing: Vec::new(),
             recv: Vec::new(),
         })
@@ -701,7 +689,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 store: self.cache.store_mut(),
                 now,
                 ids,
-                key: &mut self.key,
                 block_bytes: 0,
                 payloads: self.cfg.payloads,
             };
@@ -925,7 +912,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 store: self.cache.store_mut(),
                 now,
                 ids: &missing,
-                key: &mut self.key,
                 block_bytes,
                 payloads: self.cfg.payloads,
             };

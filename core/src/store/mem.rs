@@ -767,4 +767,17 @@ impl<K: StrKey> Store for MemStore<K> {
     fn remove(&mut self, now: Nanos, key: &str, force: bool) -> StoreResult<()> {
         K::with_lookup(key, |k| self.remove_with(now, k, force))
     }
+    fn exists_kv(&mut self, now: Nanos, block: u64) -> StoreResult<bool> {
+        self.exists_with(now, K::kv(block).borrow())
+    }
+    fn put_kv(
+        &mut self,
+        now: Nanos,
+        block: u64,
+        payload: Payload,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        self.put_with(now, K::kv(block), payload, cfg, AccessHints::default())
+            .map(|_| ())
+    }
 }

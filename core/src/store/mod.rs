@@ -203,6 +203,23 @@ pub trait Store {
         }
     }
 
+    /// Whether prefix-KV block `block` exists: [`Store::exists`] of the key
+    /// `kv:<block>` (stores with compact keys skip the string).
+    fn exists_kv(&mut self, now: Nanos, block: u64) -> StoreResult<bool> {
+        self.exists(now, &format!("{KV_PREFIX}{block}"))
+    }
+
+    /// Put prefix-KV block `block`: [`Store::put`] under the key `kv:<block>`.
+    fn put_kv(
+        &mut self,
+        now: Nanos,
+        block: u64,
+        payload: Payload,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        self.put(now, &format!("{KV_PREFIX}{block}"), payload, cfg)
+    }
+
     /// Batch put: one result per item, in order.
     fn batch_put(
         &mut self,
@@ -278,5 +295,17 @@ impl<S: Store + ?Sized> Store for &mut S {
         cfg: &ReplicateConfig,
     ) -> StoreResult<()> {
         (**self).put(now, key, payload, cfg)
+    }
+    fn exists_kv(&mut self, now: Nanos, block: u64) -> StoreResult<bool> {
+        (**self).exists_kv(now, block)
+    }
+    fn put_kv(
+        &mut self,
+        now: Nanos,
+        block: u64,
+        payload: Payload,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        (**self).put_kv(now, block, payload, cfg)
     }
 }
