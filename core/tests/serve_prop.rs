@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use moonagent_core::rng::Rng;
-use moonagent_core::serve::toy::{drive, replay_inputs, toy_config, toy_trace, Input, Seen};
+use moonagent_core::serve::toy::{
+    drive, replay_inputs, toy_config, toy_trace, Input, Seen, ToyPricing,
+};
 use moonagent_core::serve::{Action, Counters, Done, Engine, EngineConfig, Mode, Payloads, NONE};
 use moonagent_core::store::{MemStore, MemStoreConfig, OpKind, Recorded};
 use proptest::prelude::*;
@@ -67,7 +69,7 @@ fn run(c: &Case) -> Result<(Counters, u64), TestCaseError> {
     let store = Recorded::new(
         MemStore::<String>::new(MemStoreConfig::with_capacity(c.store_kb << 10)).unwrap(),
     );
-    let mut e = Engine::new(cfg.clone(), store, &tr).unwrap();
+    let mut e = Engine::new(cfg.clone(), store, &tr, Some(Box::new(ToyPricing))).unwrap();
     let capacity: Vec<u32> = e.pool_stats().iter().map(|p| p.free + p.used).collect();
     let mut rng = Rng::stream(c.seed, "serve-prop-durations");
     // Inputs that must exist before work starts.
@@ -146,7 +148,7 @@ fn run(c: &Case) -> Result<(Counters, u64), TestCaseError> {
     };
     // Same decisions: the input log alone, fed to a fresh engine, gives the same actions.
     let fresh = MemStore::<String>::new(MemStoreConfig::with_capacity(c.store_kb << 10)).unwrap();
-    let mut again = Engine::new(cfg.clone(), fresh, &tr).unwrap();
+    let mut again = Engine::new(cfg.clone(), fresh, &tr, Some(Box::new(ToyPricing))).unwrap();
     prop_assert_eq!(
         &replay_inputs(&mut again, &log.inputs).unwrap(),
         &log.actions

@@ -124,6 +124,14 @@ fn print_ladder(r: &LadderResult) {
             ]);
         }
         print_table(&g);
+        for g in &r.gains {
+            if g.scheduling_throughput_x < 1.0 || g.scheduling_p95_ttft_pct > 0.0 {
+                println!(
+                    "note: three-point scheduling lost to round robin on {}: throughput {:.3}x, P95 TTFT {:+.1}%",
+                    g.workload, g.scheduling_throughput_x, g.scheduling_p95_ttft_pct
+                );
+            }
+        }
     }
 }
 
@@ -240,6 +248,19 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         }
         println!("{} ({} requests)", path.display(), reqs.len());
         print_table(&rows);
+        let by = |m: &str| summaries.iter().find(|s: &&Summary| s.mode == m);
+        if let (Some(b3), Some(full)) = (by("B3"), by("Full")) {
+            if full.ttft_ms.p50 > b3.ttft_ms.p50
+                || full.ttft_ms.p95 > b3.ttft_ms.p95
+                || full.throughput_rps < b3.throughput_rps
+            {
+                println!(
+                    "note: three-point scheduling lost to round robin here (Full vs B3: TTFT p50 {:.0} vs {:.0} ms, p95 {:.0} vs {:.0} ms, {:.3} vs {:.3} req/s)",
+                    full.ttft_ms.p50, b3.ttft_ms.p50, full.ttft_ms.p95, b3.ttft_ms.p95,
+                    full.throughput_rps, b3.throughput_rps
+                );
+            }
+        }
         if let Some(out) = &args.out {
             std::fs::write(
                 out.join("summary.json"),

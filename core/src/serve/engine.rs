@@ -13,7 +13,9 @@ use super::decode::{DecodeBatch, Leaving, StepOutcome};
 use super::kv_prefix::{self, BlockStore, Publish};
 use super::record::{RequestRecord, NONE};
 use super::request::{images_of, Img, RequestView};
-use super::{Action, Done, EngineConfig, Extra, Flow, JobId, Payloads, ServeError, WorkerId};
+use super::{
+    Action, Done, EngineConfig, Extra, Flow, JobId, Payloads, Pricing, ServeError, WorkerId,
+};
 
 type Nanos = u64;
 
@@ -35,6 +37,11 @@ struct JobState {
     fork_after: bool,
     preempted: bool,
     kv_missing: Vec<u64>,
+    /// Priced work this job brings to its worker before it is queued there (load
+    /// signal; 0 when not smart scheduling).
+    incoming_ns: u64,
+    /// Priced remaining prefill while queued (load signal).
+    queued_ns: u64,
 }
 
 #[derive(Debug)]
@@ -58,15 +65,25 @@ struct Worker {
     batch: DecodeBatch,
     pool: Option<PoolCore>,
     extra: Vec<Extra>,
+    /// The load signal's parts (maintained under smart scheduling only).
+    load: WorkerLoad,
 }
 
-impl Worker {
-    fn load(&self) -> u64 {
-        self.enc_q_tokens
-            + self.pre_q_tokens
-            + self.dec_wait.len() as u64
-            + u64::from(self.batch.len())
-    }
+/// What three-point scheduling knows of a worker, in predicted nanoseconds of work (see
+/// [`Engine::load_ns`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerLoad {
+    /// Predicted end of the batch in flight.
+    pub busy_until: u64,
+    /// Priced encoder queue (each image alone).
+    pub encode_queued_ns: u64,
+    /// Priced remaining prefill of the queued jobs.
+    pub prefill_queued_ns: u64,
+    /// Priced work assigned here and still in transit (loads, KV transfers, the
+    /// prefill of jobs still loading).
+    pub incoming_ns: u64,
+    /// Sequences waiting for or moving to this decode worker, and their context tokens.
+    pub decode_pending: (u32, u64),
 }
 
 /// A top-level request's record and whether it finished.
@@ -133,6 +150,7 @@ pub struct Engine<'a, S: Store, R: RequestView> {
     actions: VecDeque<Action>,
     blocks_missing: Vec<usize>,
     recv: Vec<u8>,
+    pricing: Option<Box<dyn Pricing + 'a>>,
 }
 
 /// Image fingerprints by (model, content, grid) for content-addressed keys.
@@ -215,7 +233,23 @@ impl<S: Store> BlockStore for KvBlocks<'_, S> {
 
 impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     /// A cluster for `cfg` over `trace`, with `store` holding encoder outputs and prefix KV.
-    pub fn new(cfg: EngineConfig, store: S, trace: &'a [R]) -> Result<Self, ServeError> {
+    /// Three-point scheduling (`Mode::Full`) ranks workers by predicted drain time and
+    /// needs `pricing`; other modes never read it.
+    pub fn new(
+        cfg: EngineConfig,
+        store: S,
+        trace: &'a [R],
+        pricing: Option<Box<dyn Pricing + 'a>>,
+    ) -> Result<Self, ServeError> {
+        if cfg.mode.smart_scheduling() && pricing.is_none() {
+            return Err(ServeError::Config {
+                field: "pricing",
+                what: format!(
+                    "mode {} schedules by predicted load and needs a pricing",
+                    cfg.mode.name()
+                ),
+            });
+        }
         let nonzero = [
             ("encoder_max_batch_tokens", cfg.encoder_max_batch_tokens),
             ("prefill_chunk_tokens", cfg.prefill_chunk_tokens),
@@ -271,6 +305,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             batch: DecodeBatch::new(cfg.kv_block_tokens),
             pool,
             extra: Vec::new(),
+            load: WorkerLoad::default(),
         };
         if cfg.mode.disaggregated() {
             for _ in 0..cfg.encoders {
@@ -312,6 +347,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             actions: VecDeque::new(),
             blocks_missing: Vec::new(),
             recv: Vec::new(),
+            pricing,
         })
     }
 
@@ -374,26 +410,104 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         Ok(())
     }
 
-    /// A worker for `role` (0 encode, 1 prefill, 2 decode): least loaded under smart
-    /// scheduling, else round robin.
-    fn pick(&mut self, role: usize) -> WorkerId {
+    /// A worker for `role` (0 encode, 1 prefill, 2 decode): round robin, or under
+    /// smart scheduling the one with the least predicted drain time ([`Engine::load_ns`]),
+    /// ties to the first at or after the round-robin cursor (so idle workers share work).
+    fn pick(&mut self, now: Nanos, role: usize) -> WorkerId {
         let pool = match role {
             0 => &self.encoders,
             1 => &self.prefills,
             _ => &self.decodes,
         };
-        if self.cfg.mode.smart_scheduling() {
-            // Least loaded; ties to the lowest id (deterministic).
-            let workers = &self.workers;
-            *pool
-                .iter()
-                .min_by_key(|&&w| (workers[w as usize].load(), w))
-                .unwrap_or(&pool[0])
-        } else {
-            let w = pool[self.rr[role] % pool.len()];
-            self.rr[role] += 1;
-            w
+        let n = pool.len();
+        let start = self.rr[role] % n;
+        let w = match (&self.pricing, self.cfg.mode.smart_scheduling()) {
+            (Some(p), true) => {
+                let mut best = (u64::MAX, pool[start]);
+                for k in 0..n {
+                    let w = pool[(start + k) % n];
+                    let l = Self::drain_ns(p.as_ref(), &self.workers[w as usize], now, role);
+                    if l < best.0 {
+                        best = (l, w);
+                    }
+                }
+                best.1
+            }
+            _ => pool[start],
+        };
+        self.rr[role] = match self.cfg.mode.smart_scheduling() {
+            // The cursor moves past the chosen worker.
+            true => pool.iter().position(|&x| x == w).map_or(0, |i| i + 1),
+            false => self.rr[role] + 1,
+        };
+        w
+    }
+
+    /// Predicted time for worker `w` to drain the work of `role` it has or is about to
+    /// get, at `now`: the rest of its batch in flight, its queue priced item by item, and
+    /// work assigned to it that is still in transit; for decode, the next iteration's
+    /// time with every waiting and arriving sequence admitted (what a new sequence would
+    /// see per token). `None` unless smart scheduling with a pricing.
+    pub fn load_ns(&self, now: Nanos, w: WorkerId, role: usize) -> Option<u64> {
+        if !self.cfg.mode.smart_scheduling() {
+            return None;
         }
+        let p = self.pricing.as_ref()?;
+        let wk = self.workers.get(w as usize)?;
+        Some(Self::drain_ns(p.as_ref(), wk, now, role))
+    }
+
+    fn drain_ns(p: &dyn Pricing, wk: &Worker, now: Nanos, role: usize) -> u64 {
+        let l = &wk.load;
+        let inflight = l.busy_until.saturating_sub(now);
+        match role {
+            0 => inflight + l.encode_queued_ns,
+            1 => inflight + l.prefill_queued_ns + l.incoming_ns,
+            _ => {
+                let (seqs, ctx) = l.decode_pending;
+                let batch = wk.batch.len() + seqs;
+                let demand = wk.batch.ctx_sum() + ctx;
+                let next = if batch == 0 {
+                    0
+                } else {
+                    p.decode_ns(batch, demand)
+                };
+                // KV pressure: context beyond the pool's pages is preempted and
+                // recomputed later; price that recompute.
+                let overflow = wk.pool.as_ref().map_or(0, |pool| {
+                    let cfg = pool.config();
+                    let cap = u64::from(cfg.capacity_pages) * u64::from(cfg.block_size_tokens);
+                    demand.saturating_sub(cap)
+                });
+                let spill = if overflow > 0 {
+                    p.prefill_ns(&[(u32::try_from(overflow).unwrap_or(u32::MAX), 0)])
+                } else {
+                    0
+                };
+                inflight + l.incoming_ns + next + spill
+            }
+        }
+    }
+
+    /// Price with the load signal's model when smart scheduling maintains it.
+    fn priced(&self, f: impl FnOnce(&dyn Pricing) -> u64) -> u64 {
+        match (&self.pricing, self.cfg.mode.smart_scheduling()) {
+            (Some(p), true) => f(p.as_ref()),
+            _ => 0,
+        }
+    }
+
+    /// Queue `job` for prefill on `w` (its remaining tokens priced for the load signal).
+    fn queue_prefill(&mut self, w: WorkerId, job: JobId) {
+        let j = &self.jobs[job as usize];
+        let new = j.prompt - j.cached_prefix - j.prefill_done;
+        let chunk = (new, j.cached_prefix + j.prefill_done);
+        let ns = self.priced(|p| p.prefill_ns(&[chunk]));
+        self.jobs[job as usize].queued_ns = ns;
+        let wk = &mut self.workers[w as usize];
+        wk.pre_q.push_back(job);
+        wk.pre_q_tokens += u64::from(new);
+        wk.load.prefill_queued_ns += ns;
     }
 
     /// Request `idx` of the trace arrives at `now` (requests arrive in trace order).
@@ -475,6 +589,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             fork_after,
             preempted: false,
             kv_missing: Vec::new(),
+            incoming_ns: 0,
+            queued_ns: 0,
         });
         (self.jobs.len() - 1) as JobId
     }
@@ -491,7 +607,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 .push_back(Action::Fingerprint { job, pixel_bytes });
             Ok(())
         } else {
-            let w = self.pick(0);
+            let w = self.pick(now, 0);
             let j = &mut self.jobs[job as usize];
             j.prefill_worker = w;
             j.decode_worker = w;
@@ -518,18 +634,19 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
             Done::Loaded(job) => {
                 self.check_job(job, done)?;
-                let j = &self.jobs[job as usize];
-                let w = j.prefill_worker;
-                let new = j.prompt - j.cached_prefix;
-                let wk = &mut self.workers[w as usize];
-                wk.pre_q.push_back(job);
-                wk.pre_q_tokens += u64::from(new);
+                let w = self.jobs[job as usize].prefill_worker;
+                let arrived = std::mem::take(&mut self.jobs[job as usize].incoming_ns);
+                self.workers[w as usize].load.incoming_ns -= arrived;
+                self.queue_prefill(w, job);
                 self.kick(now, w)
             }
             Done::KvArrived(job) => {
                 self.check_job(job, done)?;
                 let w = self.jobs[job as usize].decode_worker;
-                self.workers[w as usize].dec_wait.push_back(job);
+                let arrived = std::mem::take(&mut self.jobs[job as usize].incoming_ns);
+                let wk = &mut self.workers[w as usize];
+                wk.load.incoming_ns -= arrived;
+                wk.dec_wait.push_back(job);
                 self.kick(now, w)
             }
         }
@@ -580,13 +697,15 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
             let w = match colo {
                 Some(w) => w,
-                None => self.pick(0),
+                None => self.pick(now, 0),
             };
             let idx = kept.len() as u32;
             kept.push(img);
+            let ns = self.priced(|p| p.encode_ns(&[img.tokens]));
             let wk = &mut self.workers[w as usize];
             wk.enc_q.push_back((job, idx));
             wk.enc_q_tokens += u64::from(img.tokens);
+            wk.load.encode_queued_ns += ns;
             self.jobs[job as usize].pending_images += 1;
             if !to_kick.contains(&w) {
                 to_kick.push(w);
@@ -670,14 +789,11 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     /// All images of `job` are available: place its prefill, look up its prefix KV, load.
     fn images_ready(&mut self, now: Nanos, job: JobId) -> Result<(), ServeError> {
         if !self.cfg.mode.disaggregated() {
-            let j = &self.jobs[job as usize];
-            let (w, new) = (j.prefill_worker, j.prompt);
-            let wk = &mut self.workers[w as usize];
-            wk.pre_q.push_back(job);
-            wk.pre_q_tokens += u64::from(new);
+            let w = self.jobs[job as usize].prefill_worker;
+            self.queue_prefill(w, job);
             return self.kick(now, w);
         }
-        let w = self.pick(1);
+        let w = self.pick(now, 1);
         self.jobs[job as usize].prefill_worker = w;
         let mut hit_blocks = 0u64;
         let mut missing = Vec::new();
@@ -707,9 +823,17 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         let kv_bytes = u64::from(j.cached_prefix) * self.cfg.kv_bytes_per_token;
         let embed_bytes = j.load_bytes;
         let top = j.top as usize;
+        let chunk = (j.prompt - j.cached_prefix, j.cached_prefix);
         let rec = &mut self.tops[top].rec;
-        rec.prefix_hit_tokens += u64::from(j.cached_prefix);
+        rec.prefix_hit_tokens += u64::from(chunk.1);
         rec.bytes_store_prefill += embed_bytes + kv_bytes;
+        let ns = self.priced(|p| {
+            p.transfer_ns(Flow::Get, embed_bytes)
+                + p.transfer_ns(Flow::KvGet, kv_bytes)
+                + p.prefill_ns(&[chunk])
+        });
+        self.jobs[job as usize].incoming_ns = ns;
+        self.workers[w as usize].load.incoming_ns += ns;
         self.counters.link_bytes[1] += embed_bytes + kv_bytes;
         self.actions.push_back(Action::Load {
             job,
@@ -735,7 +859,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             return Ok(());
         }
         if wk.dec && (!wk.batch.is_empty() || !wk.dec_wait.is_empty()) {
-            return self.start_decode(w);
+            return self.start_decode(now, w);
         }
         Ok(())
     }
@@ -750,8 +874,11 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             if !batch.is_empty() && sum + u64::from(t) > budget {
                 break;
             }
-            self.workers[w as usize].enc_q.pop_front();
-            self.workers[w as usize].enc_q_tokens -= u64::from(t);
+            let ns = self.priced(|p| p.encode_ns(&[t]));
+            let wk = &mut self.workers[w as usize];
+            wk.enc_q.pop_front();
+            wk.enc_q_tokens -= u64::from(t);
+            wk.load.encode_queued_ns -= ns;
             sum += u64::from(t);
             batch.push((job, idx));
             tokens.push(t);
@@ -762,7 +889,10 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 rec.encode_start_ns = now;
             }
         }
-        self.workers[w as usize].inflight = Inflight::Encode(batch);
+        let ns = self.priced(|p| p.encode_ns(&tokens));
+        let wk = &mut self.workers[w as usize];
+        wk.inflight = Inflight::Encode(batch);
+        wk.load.busy_until = now + ns;
         self.actions.push_back(Action::Encode { worker: w, tokens });
     }
 
@@ -787,14 +917,17 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 self.tops[top].rec.prefill_start_ns = now;
             }
         }
-        self.workers[w as usize].inflight = Inflight::Prefill(chunks);
+        let ns = self.priced(|p| p.prefill_ns(&shapes));
+        let wk = &mut self.workers[w as usize];
+        wk.inflight = Inflight::Prefill(chunks);
+        wk.load.busy_until = now + ns;
         self.actions.push_back(Action::Prefill {
             worker: w,
             chunks: shapes,
         });
     }
 
-    fn start_decode(&mut self, w: WorkerId) -> Result<(), ServeError> {
+    fn start_decode(&mut self, now: Nanos, w: WorkerId) -> Result<(), ServeError> {
         // Admit waiting sequences while the batch and the KV pool allow.
         while self.workers[w as usize].batch.len() < self.cfg.decode_max_batch {
             let Some(&job) = self.workers[w as usize].dec_wait.front() else {
@@ -809,6 +942,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             match pool.allocate(ctx) {
                 Ok(seq) => {
                     wk.dec_wait.pop_front();
+                    wk.load.decode_pending.0 -= 1;
+                    wk.load.decode_pending.1 -= ctx - 1;
                     let j = &mut self.jobs[job as usize];
                     if j.preempted {
                         // Recompute the lost KV before the sequence decodes again.
@@ -832,11 +967,15 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 tokens: self.jobs[wk.dec_wait[0] as usize].prompt,
             });
         }
+        let (batch, ctx_sum) = (wk.batch.len(), wk.batch.ctx_sum());
+        let ns = self.priced(|p| p.decode_ns(batch, ctx_sum));
+        let wk = &mut self.workers[w as usize];
         wk.inflight = Inflight::Decode;
+        wk.load.busy_until = now + ns;
         self.actions.push_back(Action::Decode {
             worker: w,
-            batch: wk.batch.len(),
-            ctx_sum: wk.batch.ctx_sum(),
+            batch,
+            ctx_sum,
             extra: std::mem::take(&mut wk.extra),
         });
         Ok(())
@@ -876,10 +1015,20 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
             Inflight::Prefill(chunks) => {
                 for (job, n) in chunks {
-                    self.workers[w as usize].pre_q_tokens -= u64::from(n);
+                    let wk = &mut self.workers[w as usize];
+                    wk.pre_q_tokens -= u64::from(n);
                     let j = &mut self.jobs[job as usize];
+                    wk.load.prefill_queued_ns -= std::mem::take(&mut j.queued_ns);
                     j.prefill_done += n;
                     if j.prefill_done + j.cached_prefix < j.prompt {
+                        // Still queued: its remaining tokens, priced again.
+                        let chunk = (
+                            j.prompt - j.cached_prefix - j.prefill_done,
+                            j.cached_prefix + j.prefill_done,
+                        );
+                        let ns = self.priced(|p| p.prefill_ns(&[chunk]));
+                        self.jobs[job as usize].queued_ns = ns;
+                        self.workers[w as usize].load.prefill_queued_ns += ns;
                         continue;
                     }
                     // Done: leave the queue (it is at the front part of the queue).
@@ -930,7 +1079,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
         }
         let dec = if self.cfg.mode.disaggregated() {
-            self.pick(2)
+            self.pick(now, 2)
         } else {
             w
         };
@@ -939,6 +1088,13 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             let bytes = u64::from(self.jobs[job as usize].prompt) * self.cfg.kv_bytes_per_token;
             self.tops[top].rec.bytes_prefill_decode += bytes;
             self.counters.link_bytes[2] += bytes;
+            let ns = self.priced(|p| p.transfer_ns(Flow::KvPut, bytes));
+            let ctx = u64::from(self.jobs[job as usize].prompt);
+            self.jobs[job as usize].incoming_ns = ns;
+            let l = &mut self.workers[dec as usize].load;
+            l.incoming_ns += ns;
+            l.decode_pending.0 += 1;
+            l.decode_pending.1 += ctx;
             self.actions.push_back(Action::Transfer {
                 from: w,
                 to: Some(dec),
@@ -947,7 +1103,11 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 done: Some(Done::KvArrived(job)),
             });
         } else {
-            self.workers[dec as usize].dec_wait.push_back(job);
+            let ctx = u64::from(self.jobs[job as usize].prompt);
+            let wk = &mut self.workers[dec as usize];
+            wk.load.decode_pending.0 += 1;
+            wk.load.decode_pending.1 += ctx;
+            wk.dec_wait.push_back(job);
         }
         Ok(())
     }
@@ -976,7 +1136,10 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             j.seq = None;
             // The sequence re-enters with its context as the new prompt.
             j.prompt = r.ctx as u32;
-            self.workers[w as usize].dec_wait.push_front(r.job);
+            let wk = &mut self.workers[w as usize];
+            wk.load.decode_pending.0 += 1;
+            wk.load.decode_pending.1 += u64::from(j.prompt);
+            wk.dec_wait.push_front(r.job);
         }
         let mut res = Ok(());
         for &r in &out.finished {

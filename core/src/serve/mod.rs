@@ -37,7 +37,7 @@ mod record;
 mod request;
 pub mod toy;
 
-pub use engine::{Counters, Engine, Served};
+pub use engine::{Counters, Engine, Served, WorkerLoad};
 pub use record::{RequestRecord, NONE};
 pub use request::{images_of, Img, RequestView};
 
@@ -279,6 +279,20 @@ pub enum Action {
         /// Visual tokens.
         tokens: u32,
     },
+}
+
+/// Predicted durations, for the load signal of three-point scheduling: the driver's cost
+/// model (the simulator's roofline, a real backend's fitted profile). The engine only
+/// compares workers with it; it never waits on these numbers.
+pub trait Pricing {
+    /// An encoder batch of images with these visual tokens.
+    fn encode_ns(&self, tokens: &[u32]) -> u64;
+    /// A prefill iteration over these `(new, cached)` chunks.
+    fn prefill_ns(&self, chunks: &[(u32, u32)]) -> u64;
+    /// A decode iteration of `batch` sequences holding `ctx_sum` tokens in all.
+    fn decode_ns(&self, batch: u32, ctx_sum: u64) -> u64;
+    /// Moving `bytes` of `flow` over one worker's link.
+    fn transfer_ns(&self, flow: Flow, bytes: u64) -> u64;
 }
 
 /// Why the engine stopped.

@@ -218,6 +218,30 @@ pub fn toy_trace(seed: u64, n: usize, block_tokens: u32) -> Vec<ToyRequest> {
         .collect()
 }
 
+/// Toy prices: linear in tokens and bytes (encode 10 ns, prefill 5 ns per new token plus
+/// 0.01 ns per new x cached token, decode 2 us plus 1 ns per sequence and per 100 context
+/// tokens, 1 ns per byte moved).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ToyPricing;
+
+impl super::Pricing for ToyPricing {
+    fn encode_ns(&self, tokens: &[u32]) -> u64 {
+        tokens.iter().map(|&t| 10 * u64::from(t)).sum()
+    }
+    fn prefill_ns(&self, chunks: &[(u32, u32)]) -> u64 {
+        chunks
+            .iter()
+            .map(|&(n, c)| 5 * u64::from(n) + u64::from(n) * u64::from(c) / 100)
+            .sum()
+    }
+    fn decode_ns(&self, batch: u32, ctx_sum: u64) -> u64 {
+        2_000 + u64::from(batch) + ctx_sum / 100
+    }
+    fn transfer_ns(&self, _flow: super::Flow, bytes: u64) -> u64 {
+        bytes
+    }
+}
+
 /// A small cluster for toy runs: one worker per role (B0: one colocated), tiny budgets,
 /// 8-token pages (256 of them), 16-token prefix blocks and byte sizes small enough that
 /// a real store holds a whole run.

@@ -10,7 +10,7 @@
 //! recompute prefill of its context on re-admission; a fork's tail copies are priced at
 //! HBM bandwidth; B0 runs one kind of work at a time per GPU (the engine's batching).
 
-use moonagent_core::serve::{Action, Done, Engine, EngineConfig, Extra, Flow, Payloads};
+use moonagent_core::serve::{Action, Done, Engine, EngineConfig, Extra, Flow, Payloads, Pricing};
 use moonagent_core::store::{MemStore, StoreKey};
 use moonagent_models::{CostModel, HardwareProfile, Link, LinkKind, ModelSpec};
 use moonagent_traces::schema::Request;
@@ -79,6 +79,30 @@ pub fn engine_config(
     })
 }
 
+/// The load signal's prices: the same cost model and link that price every action.
+#[derive(Debug, Clone, Copy)]
+pub struct CostPricing {
+    /// The roofline.
+    pub cost: CostModel,
+    /// The link between roles and the store.
+    pub link: Link,
+}
+
+impl Pricing for CostPricing {
+    fn encode_ns(&self, tokens: &[u32]) -> u64 {
+        self.cost.encoder_time_ns(tokens)
+    }
+    fn prefill_ns(&self, chunks: &[(u32, u32)]) -> u64 {
+        self.cost.prefill_batch_time_ns(chunks)
+    }
+    fn decode_ns(&self, batch: u32, ctx_sum: u64) -> u64 {
+        self.cost.decode_iter_time_ns(batch, ctx_sum)
+    }
+    fn transfer_ns(&self, flow: Flow, bytes: u64) -> u64 {
+        moonagent_models::transfer_time_ns(&self.link, flow, bytes)
+    }
+}
+
 /// A simulation over one trace under one configuration.
 pub struct Simulation<'a> {
     cfg: SimConfig,
@@ -111,7 +135,8 @@ impl<'a> Simulation<'a> {
         let link = *hw.link(kind).map_err(err("link"))?;
         let ecfg = engine_config(cfg, &cost, &hw, &spec, block_size)?;
         let store: MemStore<StoreKey> = MemStore::with_policy(cfg.store.clone(), &cfg.policy)?;
-        let engine = Engine::new(ecfg, store, trace).map_err(|e| e.to_string())?;
+        let pricing = Box::new(CostPricing { cost, link });
+        let engine = Engine::new(ecfg, store, trace, Some(pricing)).map_err(|e| e.to_string())?;
         let workers = engine.workers() as usize;
         Ok(Self {
             cfg: cfg.clone(),
