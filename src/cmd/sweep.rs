@@ -320,6 +320,7 @@ fn best_point(a: BestArgs) -> Result<()> {
     if a.json {
         let v = serde_json::json!({
             "x": a.x.metric, "y": a.y.metric,
+            "x_maximize": a.x.maximize, "y_maximize": a.y.maximize,
             "slo": a.slos.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "points": r.total, "feasible": r.feasible,
             "front": r.front.iter().map(point_json).collect::<Vec<_>>(),
