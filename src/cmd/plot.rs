@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use moonagent_core::store::DataType;
+use moonagent_core::store::{DataType, PolicyConfig};
 use moonagent_sim::plot::{self, Curve, Panel};
 
 use super::replay::CapacityRun;
@@ -37,6 +37,10 @@ pub fn capacity_curves(title: &str, runs: &[CapacityRun], path: &Path) -> Result
             .enumerate()
             .map(|(i, r)| Curve {
                 label: r.label.clone(),
+                offline: matches!(
+                    r.policy,
+                    PolicyConfig::Belady {} | PolicyConfig::BeladyCost {}
+                ),
                 points: runs
                     .iter()
                     .map(|run| (run.capacity_bytes, run.results[i].of(t).hit_rate()))
@@ -53,6 +57,7 @@ pub fn capacity_curves(title: &str, runs: &[CapacityRun], path: &Path) -> Result
             .map(|points| Curve {
                 label: "Belady MIN bound".into(),
                 points,
+                offline: true,
             });
         panels.push(Panel {
             title: format!("{} hit rate vs capacity", t.name()),

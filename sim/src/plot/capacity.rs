@@ -12,6 +12,8 @@ pub struct Curve {
     pub label: String,
     /// Points, in any order (drawn by increasing capacity).
     pub points: Vec<(u64, f64)>,
+    /// An offline oracle (drawn dashed, apart from the online policies' solid lines).
+    pub offline: bool,
 }
 
 /// One panel: a data type's curves and, where it exists, the MIN bound.
@@ -88,13 +90,21 @@ pub fn capacity(title: &str, panels: &[Panel]) -> Result<String> {
             for (i, c) in p.curves.iter().enumerate() {
                 let col = color(i);
                 let v = pts(c);
-                chart
-                    .draw_series(LineSeries::new(v.clone(), col.stroke_width(2)))
+                let style = col.stroke_width(2);
+                let series = if c.offline {
+                    chart.draw_series(DashedLineSeries::new(v.clone(), 4, 4, style))
+                } else {
+                    chart.draw_series(LineSeries::new(v.clone(), style))
+                };
+                let label = if c.offline {
+                    format!("{} (offline)", c.label)
+                } else {
+                    c.label.clone()
+                };
+                series
                     .map_err(err)?
-                    .label(c.label.as_str())
-                    .legend(move |(x, y)| {
-                        PathElement::new([(x, y), (x + 18, y)], col.stroke_width(2))
-                    });
+                    .label(label)
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
                 chart
                     .draw_series(v.into_iter().map(|q| Circle::new(q, 3, col.filled())))
                     .map_err(err)?;

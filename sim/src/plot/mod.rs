@@ -133,6 +133,7 @@ mod figure_tests {
         let c = |label: &str, v: [f64; 3]| Curve {
             label: label.into(),
             points: vec![(1 << 30, v[0]), (4 << 30, v[1]), (16 << 30, v[2])],
+            offline: label.starts_with("Belady"),
         };
         let panel = Panel {
             title: "kv_cache hit rate vs capacity".into(),
