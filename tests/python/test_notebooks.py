@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """The notebooks in notebooks/: committed clean, and each runs top to bottom.
 
-    python tests/python/test_notebooks.py --input DIR [NOTEBOOK.ipynb ...]
+    python tests/python/test_notebooks.py [--input DIR] [--figures DIR] [NOTEBOOK.ipynb ...]
 
 Checks first that no notebook carries outputs, an execution count or an absolute path
 (a /home, /root, /work, /tmp, /Users or C:\\ path in any cell), then executes every one
-headless (nbclient, ipykernel) in notebooks/ with MOONAGENT_NB_INPUT=DIR; a cell that
+headless (nbclient, ipykernel) in notebooks/ with MOONAGENT_NB_INPUT=DIR (without
+--input, on the notebooks' own default, target/nb-inputs); a cell that
 raises fails the run, naming the notebook and the cell. Run by scripts/test_notebooks.sh,
 which makes DIR with scripts/nb_inputs.sh --quick.
 """
@@ -44,7 +45,7 @@ def check_clean(path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--input", required=True, help="the notebooks' input folder (MOONAGENT_NB_INPUT)")
+    ap.add_argument("--input", help="the notebooks' input folder (default: theirs, target/nb-inputs)")
     ap.add_argument("--timeout", type=int, default=120, help="seconds per cell")
     ap.add_argument("--figures", help="also write every figure as <notebook>-<n>.png here")
     ap.add_argument("notebooks", nargs="*")
@@ -53,7 +54,8 @@ def main():
         os.path.join(NB_DIR, f) for f in os.listdir(NB_DIR) if f.endswith(".ipynb")
     )
     assert paths, f"no notebook in {NB_DIR}"
-    os.environ["MOONAGENT_NB_INPUT"] = os.path.abspath(a.input)
+    if a.input:
+        os.environ["MOONAGENT_NB_INPUT"] = os.path.abspath(a.input)
     failed = []
     for p in paths:
         name = os.path.relpath(p, ROOT)
