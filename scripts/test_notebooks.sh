@@ -45,6 +45,7 @@ fi
 
 IN=${CARGO_TARGET_DIR:-target}/nb-inputs-quick
 rm -rf "$IN"
+mkdir -p "$IN"
 t1=$SECONDS
 if ! MOONAGENT_BIN=$BIN MOONAGENT_NB_INPUT=$IN bash scripts/nb_inputs.sh --quick 2> "$IN.log"; then
   cat "$IN.log" >&2
