@@ -6,6 +6,7 @@
 #   3. unit, property and integration tests of every crate, the real-store tests included
 #   4. loom model-checking of the fork's concurrent refcount/release paths (cfg(loom))
 #   5. the sweep results loaded in polars and pandas (Python venv, installed idempotently)
+#   6. every notebook in notebooks/ executed headless on quick inputs (same venv)
 #
 # Shared public traces: tests read them from $MOONAGENT_TRACES (.ci/run points it at
 # ../shared/traces). Unset on a laptop, those tests skip with a line naming what is missing.
@@ -43,6 +44,11 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 if [[ -f scripts/test_sweep_python.sh ]]; then
   step "sweep results in polars and pandas"
   bash scripts/test_sweep_python.sh
+fi
+
+if [[ -f scripts/test_notebooks.sh ]]; then
+  step "notebooks executed headless (scripts/test_notebooks.sh)"
+  bash scripts/test_notebooks.sh
 fi
 
 step "all green in $(( $(date +%s) - t0 )) s"

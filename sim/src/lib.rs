@@ -6,6 +6,7 @@
 //!   sequence in parallel.
 
 pub mod des;
+pub mod plot;
 pub mod replay;
 pub mod sweep;
 pub mod table;

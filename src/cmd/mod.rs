@@ -1,5 +1,6 @@
 //! One module per subcommand: parse arguments, call the libraries, print.
 pub mod demo;
+pub mod plot;
 pub mod replay;
 pub mod repro;
 pub mod simulate;

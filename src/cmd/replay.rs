@@ -60,6 +60,9 @@ pub struct ReplayArgs {
     /// capacity, policy and data type).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Draw hit rate vs capacity (every policy, the MIN bound where one exists) as SVG here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 /// Everything a replay run reports, as written by `--out x.json`.
@@ -426,6 +429,9 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     }
     if let Some(out) = &args.out {
         write_out(out, &report, || results_table(&report.runs))?;
+    }
+    if let Some(p) = &args.plot {
+        super::plot::capacity_curves(&report.trace, &report.runs, p)?;
     }
     Ok(())
 }

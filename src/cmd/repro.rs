@@ -70,6 +70,9 @@ pub struct CapacityArgs {
     /// Write the results: `.json`, `.parquet` or `.csv`.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Draw hit rate vs capacity (every policy and the MIN bound) as SVG here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 /// Run `moonagent repro`.
@@ -353,6 +356,9 @@ fn mooncake_capacity(a: CapacityArgs) -> Result<()> {
         t.push(row);
     }
     print_table(&t);
+    if let Some(p) = &a.plot {
+        super::plot::capacity_curves("Mooncake conversation trace, KV blocks", &runs, p)?;
+    }
     if let Some(out) = &a.out {
         let report = serde_json::json!({
             "trace": path.display().to_string(),

@@ -33,7 +33,8 @@ pub struct SimulateArgs {
     /// Requests per generated workload, overriding the config.
     #[arg(long)]
     pub requests: Option<u64>,
-    /// Write tables here: ladder.parquet/.csv, summary.json, and per-request Parquet for `--trace`.
+    /// Write tables here: ladder.parquet/.csv, summary.json and the figure ladder.svg, or
+    /// per-request Parquet for `--trace`.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -279,8 +280,10 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         t.write_csv(&out.join("ladder.csv"))
             .map_err(anyhow::Error::msg)?;
         std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&r)?)?;
+        let svg = moonagent_sim::plot::ladder(&r).map_err(anyhow::Error::msg)?;
+        std::fs::write(out.join("ladder.svg"), svg)?;
         eprintln!(
-            "wrote {}/ladder.parquet, ladder.csv, summary.json",
+            "wrote {}/ladder.parquet, ladder.csv, summary.json, ladder.svg",
             out.display()
         );
     }

@@ -112,6 +112,9 @@ struct BestArgs {
     /// Print the front and the best point as JSON instead of tables.
     #[arg(long)]
     json: bool,
+    /// Draw every point, the SLO-feasible ones, the front and the best point as SVG here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 fn parse_sets(sets: &[String]) -> Result<Vec<(String, String)>> {
@@ -317,9 +320,15 @@ fn point_json(p: &PointMeans) -> serde_json::Value {
 
 fn best_point(a: BestArgs) -> Result<()> {
     let r = best(&a.results, &a.x, &a.y, &a.slos)?;
+    if let Some(p) = &a.plot {
+        let svg =
+            moonagent_sim::plot::pareto(&r, &a.x, &a.y, &a.slos).map_err(anyhow::Error::msg)?;
+        super::plot::write(p, &svg)?;
+    }
     if a.json {
         let v = serde_json::json!({
             "x": a.x.metric, "y": a.y.metric,
+            "x_maximize": a.x.maximize, "y_maximize": a.y.maximize,
             "slo": a.slos.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "points": r.total, "feasible": r.feasible,
             "front": r.front.iter().map(point_json).collect::<Vec<_>>(),

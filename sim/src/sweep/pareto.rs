@@ -143,6 +143,8 @@ pub struct BestReport {
     pub front: Vec<PointMeans>,
     /// The feasible point best on y (ties: x, then point index).
     pub best: Option<PointMeans>,
+    /// Every point, feasible or not, in point order (what a figure draws behind the front).
+    pub points: Vec<PointMeans>,
 }
 
 /// Indices of the Pareto-optimal points among `pts`, minimising both coordinates, in
@@ -259,6 +261,7 @@ pub fn best(
         feasible: feasible.len(),
         front,
         best,
+        points,
     })
 }
 
