@@ -6,7 +6,7 @@
 //! Needs `MOONAGENT_MOONCAKE_BRIDGE` (the README's test command starts the store).
 //! Without it the test is skipped with a line saying so, except under `CI=true`.
 
-use moonagent_core::serve::toy::{drive, toy_config, toy_trace, Seen};
+use moonagent_core::serve::toy::{drive, toy_config, toy_trace, Seen, ToyPricing};
 use moonagent_core::serve::{Engine, Mode, Payloads};
 use moonagent_core::store::{MemStore, MemStoreConfig, Recorded, Store};
 use moonagent_validation::mooncake::{BridgeStore, BRIDGE_ENV};
@@ -28,7 +28,13 @@ fn bridge() -> Option<BridgeStore> {
 /// Run `mode` over a 40-request toy trace on `store`; return the store's log.
 fn run<S: Store>(mode: Mode, store: Recorded<S>) -> (Recorded<S>, Vec<(u64, String)>) {
     let trace = toy_trace(11, 40, 16);
-    let mut e = Engine::new(toy_config(mode, Payloads::Bytes), store, &trace).unwrap();
+    let mut e = Engine::new(
+        toy_config(mode, Payloads::Bytes),
+        store,
+        &trace,
+        Some(Box::new(ToyPricing)),
+    )
+    .unwrap();
     let arrivals: Vec<u64> = (0..trace.len() as u64).map(|i| i * 20_000).collect();
     // Fixed durations: both runs see the same completion order.
     let log = drive(
