@@ -5,6 +5,7 @@
 //!   from the trace, and every listed eviction policy runs over the same compiled access
 //!   sequence in parallel.
 
+pub mod capacity;
 pub mod des;
 pub mod plot;
 pub mod replay;

@@ -1,45 +1,12 @@
 //! Small parsing and printing helpers shared by the subcommands.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::path::Path;
 
-/// A byte count: plain (`1073741824`), with a binary or decimal suffix (`64GiB`, `2.5GB`,
-/// `512MiB`, `1e9`), or a percentage (`30%`) of `reference` when one is given.
+/// A byte count or a percentage of `reference` (`moonagent_sim::capacity`, the one parser
+/// of capacities).
 pub fn parse_bytes(s: &str, reference: Option<u64>) -> Result<u64> {
-    let t = s.trim();
-    if let Some(p) = t.strip_suffix('%') {
-        let pct: f64 = p
-            .trim()
-            .parse()
-            .with_context(|| format!("capacity {s:?}: expected a number before %"))?;
-        let Some(r) = reference else {
-            bail!("capacity {s:?}: a percentage needs a reference size")
-        };
-        if !(pct > 0.0 && pct.is_finite()) {
-            bail!("capacity {s:?}: expected a positive percentage");
-        }
-        return Ok((r as f64 * pct / 100.0).round() as u64);
-    }
-    let units: [(&str, f64); 9] = [
-        ("KiB", 1024.0),
-        ("MiB", 1024.0 * 1024.0),
-        ("GiB", 1024.0 * 1024.0 * 1024.0),
-        ("TiB", 1024.0_f64.powi(4)),
-        ("KB", 1e3),
-        ("MB", 1e6),
-        ("GB", 1e9),
-        ("TB", 1e12),
-        ("B", 1.0),
-    ];
-    let (num, mult) = units
-        .iter()
-        .find_map(|(u, m)| t.strip_suffix(u).map(|n| (n.trim(), *m)))
-        .unwrap_or((t, 1.0));
-    let v: f64 = num.parse().with_context(|| format!("size {s:?}: expected a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB) or a percentage"))?;
-    if !(v > 0.0 && v.is_finite()) {
-        bail!("size {s:?}: expected a positive size");
-    }
-    Ok((v * mult).round() as u64)
+    Ok(moonagent_sim::capacity::parse_bytes(s, reference)?)
 }
 
 /// Read a TOML or JSON file (by extension; JSON otherwise) into `T`, naming the file in errors.
@@ -105,22 +72,4 @@ pub fn human_bytes(b: u64) -> String {
         i += 1;
     }
     format!("{v:.1} {}", units[i])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parse_bytes_accepts_units_and_percentages_and_rejects_junk() {
-        assert_eq!(parse_bytes("1024", None).unwrap(), 1024);
-        assert_eq!(parse_bytes("64GiB", None).unwrap(), 64 << 30);
-        assert_eq!(parse_bytes("2.5 GB", None).unwrap(), 2_500_000_000);
-        assert_eq!(parse_bytes("1e9", None).unwrap(), 1_000_000_000);
-        assert_eq!(parse_bytes("30%", Some(1000)).unwrap(), 300);
-        assert!(parse_bytes("30%", None).is_err());
-        assert!(parse_bytes("lots", None).is_err());
-        assert!(parse_bytes("-5GB", None).is_err());
-        assert!(parse_bytes("0", None).is_err());
-    }
 }

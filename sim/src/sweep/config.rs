@@ -87,12 +87,7 @@ pub enum Capacity {
 }
 
 /// A capacity once parsed.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum CapacitySpec {
-    Bytes(u64),
-    /// Share of the trace's unique bytes, in (0, 1] or above.
-    Share(f64),
-}
+pub(crate) use crate::capacity::CapacitySpec;
 
 impl Capacity {
     pub(crate) fn spec(&self) -> Result<CapacitySpec, String> {
@@ -104,54 +99,19 @@ impl Capacity {
                 Ok(CapacitySpec::Bytes(f.round() as u64))
             }
             Capacity::Float(f) => Err(bad(f)),
-            Capacity::Text(s) => parse_capacity(s),
+            Capacity::Text(s) => CapacitySpec::parse(s).map_err(|e| e.to_string()),
         }
     }
-}
-
-fn parse_capacity(s: &str) -> Result<CapacitySpec, String> {
-    let t = s.trim();
-    if let Some(p) = t.strip_suffix('%') {
-        let pct: f64 = p
-            .trim()
-            .parse()
-            .map_err(|_| format!("capacity {s:?}: expected a number before %"))?;
-        if !(pct > 0.0 && pct.is_finite()) {
-            return Err(format!("capacity {s:?}: expected a positive percentage"));
-        }
-        return Ok(CapacitySpec::Share(pct / 100.0));
-    }
-    const UNITS: [(&str, f64); 9] = [
-        ("KiB", 1024.0),
-        ("MiB", 1048576.0),
-        ("GiB", 1073741824.0),
-        ("TiB", 1099511627776.0),
-        ("KB", 1e3),
-        ("MB", 1e6),
-        ("GB", 1e9),
-        ("TB", 1e12),
-        ("B", 1.0),
-    ];
-    let (num, mult) = UNITS
-        .iter()
-        .find_map(|(u, m)| t.strip_suffix(u).map(|n| (n.trim(), *m)))
-        .unwrap_or((t, 1.0));
-    let v: f64 = num.parse().map_err(|_| {
-        format!("capacity {s:?}: expected a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB) or a percentage")
-    })?;
-    let bytes = (v * mult).round();
-    if !(bytes >= 1.0 && bytes.is_finite()) {
-        return Err(format!("capacity {s:?}: expected a positive size"));
-    }
-    Ok(CapacitySpec::Bytes(bytes as u64))
 }
 
 /// Resolve an optional capacity against the trace's unique bytes (for percentages).
 pub(crate) fn resolve_capacity(c: &Option<Capacity>, unique: u64) -> Result<Option<u64>, String> {
     match c.as_ref().map(Capacity::spec).transpose()? {
         None => Ok(None),
-        Some(CapacitySpec::Bytes(b)) => Ok(Some(b)),
-        Some(CapacitySpec::Share(s)) => Ok(Some(((unique as f64 * s).round() as u64).max(1))),
+        Some(spec) => spec
+            .resolve(Some(unique), "")
+            .map(Some)
+            .map_err(|e| e.to_string()),
     }
 }
 
