@@ -56,6 +56,37 @@ pub struct Table {
     pub columns: Vec<(String, Column)>,
 }
 
+/// Why a table could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// Columns of different lengths.
+    #[error("column {column} has {rows} rows, expected {expected}")]
+    Ragged {
+        /// The column.
+        column: String,
+        /// Its rows.
+        rows: usize,
+        /// The first column's rows.
+        expected: usize,
+    },
+    /// Arrow or Parquet refused the data.
+    #[error("{}: {what}", path.display())]
+    Encode {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the encoder said.
+        what: String,
+    },
+    /// The file could not be written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
 impl Table {
     /// An empty table.
     pub fn new() -> Self {
@@ -73,18 +104,22 @@ impl Table {
         self.columns.first().map_or(0, |c| c.1.len())
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), TableError> {
         let n = self.rows();
         for (name, c) in &self.columns {
             if c.len() != n {
-                return Err(format!("column {name} has {} rows, expected {n}", c.len()));
+                return Err(TableError::Ragged {
+                    column: name.clone(),
+                    rows: c.len(),
+                    expected: n,
+                });
             }
         }
         Ok(())
     }
 
     /// Write as Parquet (snappy), atomically (temp file, then rename).
-    pub fn write_parquet(&self, path: &Path) -> Result<(), String> {
+    pub fn write_parquet(&self, path: &Path) -> Result<(), TableError> {
         self.check()?;
         let mut fields = Vec::new();
         let mut arrays: Vec<ArrayRef> = Vec::new();
@@ -98,22 +133,31 @@ impl Table {
             arrays.push(a);
         }
         let schema = Arc::new(Schema::new(fields));
-        let batch = RecordBatch::try_new(schema.clone(), arrays)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let batch =
+            RecordBatch::try_new(schema.clone(), arrays).map_err(|e| TableError::Encode {
+                path: path.into(),
+                what: e.to_string(),
+            })?;
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_created_by("moonagent".into())
             .build();
-        let err = |e: parquet::errors::ParquetError| format!("{}: {e}", path.display());
+        let err = |e: parquet::errors::ParquetError| TableError::Encode {
+            path: path.into(),
+            what: e.to_string(),
+        };
         let mut buf = Vec::new();
         let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props)).map_err(err)?;
         w.write(&batch).map_err(err)?;
         w.close().map_err(err)?;
-        write_atomic(path, &buf, true).map_err(|e| format!("{}: {e}", path.display()))
+        write_atomic(path, &buf, true).map_err(|source| TableError::Io {
+            path: path.into(),
+            source,
+        })
     }
 
     /// Write as CSV (header row first), atomically.
-    pub fn write_csv(&self, path: &Path) -> Result<(), String> {
+    pub fn write_csv(&self, path: &Path) -> Result<(), TableError> {
         self.check()?;
         let mut out = String::new();
         let head: Vec<&str> = self.columns.iter().map(|c| c.0.as_str()).collect();
@@ -124,6 +168,9 @@ impl Table {
             out.push_str(&row.join(","));
             out.push('\n');
         }
-        write_atomic(path, out.as_bytes(), true).map_err(|e| format!("{}: {e}", path.display()))
+        write_atomic(path, out.as_bytes(), true).map_err(|source| TableError::Io {
+            path: path.into(),
+            source,
+        })
     }
 }

@@ -197,7 +197,10 @@ fn bad_config_names_the_field() {
     ];
     for (cfg, field) in cases {
         let e = simulate(&cfg, &trace, bs).expect_err(field);
-        assert!(e.contains(field), "error {e:?} does not name {field}");
+        assert!(
+            e.to_string().contains(field),
+            "error {e:?} does not name {field}"
+        );
     }
     let toml_err =
         toml::from_str::<SimConfig>("mode = \"b2\"\nencoderz = 3\n").expect_err("unknown field");

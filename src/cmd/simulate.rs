@@ -8,7 +8,6 @@ use clap::Args;
 use moonagent_sim::des::ladder::{Gains, LadderConfig, LadderResult};
 use moonagent_sim::des::metrics::records_table;
 use moonagent_sim::des::{run_ladder, simulate, Mode, SimConfig, Summary};
-use moonagent_sim::table::{Column, Table};
 use moonagent_traces::TraceReader;
 
 use super::util::{print_table, read_config};
@@ -136,43 +135,6 @@ fn print_ladder(r: &LadderResult) {
     }
 }
 
-/// The ladder's cells as a table.
-pub fn ladder_table(r: &LadderResult) -> Table {
-    let c = &r.cells;
-    let s = |f: &dyn Fn(&moonagent_sim::des::ladder::Cell) -> String| {
-        Column::Str(c.iter().map(f).collect())
-    };
-    let f = |f: &dyn Fn(&moonagent_sim::des::ladder::Cell) -> f64| {
-        Column::F64(c.iter().map(f).collect())
-    };
-    let u = |f: &dyn Fn(&moonagent_sim::des::ladder::Cell) -> u64| {
-        Column::U64(c.iter().map(f).collect())
-    };
-    Table::new()
-        .with("workload", s(&|x| x.workload.clone()))
-        .with("mode", s(&|x| x.mode.name().to_string()))
-        .with("hardware", s(&|_| r.config.base.hardware.clone()))
-        .with("throughput_rps", f(&|x| x.saturated.throughput_rps))
-        .with("load_rps", f(&|x| x.load_rps))
-        .with("ttft_p50_ms", f(&|x| x.at_load.ttft_ms.p50))
-        .with("ttft_p95_ms", f(&|x| x.at_load.ttft_ms.p95))
-        .with("ttft_p99_ms", f(&|x| x.at_load.ttft_ms.p99))
-        .with("tpot_p50_ms", f(&|x| x.at_load.tpot_ms.p50))
-        .with("e2e_p95_ms", f(&|x| x.at_load.e2e_ms.p95))
-        .with("goodput_rps", f(&|x| x.at_load.goodput_rps))
-        .with("image_hit_rate", f(&|x| x.at_load.image_hit_rate))
-        .with("kv_block_hit_rate", f(&|x| x.at_load.kv_block_hit_rate))
-        .with("encoder_gpu_s", f(&|x| x.at_load.encoder_gpu_s))
-        .with("encoder_gpu_s_saved", f(&|x| x.at_load.encoder_gpu_s_saved))
-        .with("forks", u(&|x| x.at_load.forks))
-        .with(
-            "fork_prefill_tokens_avoided",
-            u(&|x| x.at_load.fork_prefill_tokens_avoided),
-        )
-        .with("preemptions", u(&|x| x.at_load.preemptions))
-        .with("completed", u(&|x| x.at_load.completed))
-}
-
 /// Run `moonagent simulate`.
 pub fn run(args: SimulateArgs) -> Result<()> {
     let mut cfg: LadderConfig = match &args.config {
@@ -227,8 +189,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 },
                 &reqs,
                 bs,
-            )
-            .map_err(anyhow::Error::msg)?;
+            )?;
             rows.push(vec![
                 m.name().into(),
                 s.completed.to_string(),
@@ -242,8 +203,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
             ]);
             if let Some(out) = &args.out {
                 records_table(&recs)
-                    .write_parquet(&out.join(format!("requests-{}.parquet", m.name())))
-                    .map_err(anyhow::Error::msg)?;
+                    .write_parquet(&out.join(format!("requests-{}.parquet", m.name())))?;
             }
             summaries.push(s);
         }
@@ -271,14 +231,12 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let r = run_ladder(&cfg).map_err(anyhow::Error::msg)?;
+    let r = run_ladder(&cfg)?;
     print_ladder(&r);
     if let Some(out) = &args.out {
-        let t = ladder_table(&r);
-        t.write_parquet(&out.join("ladder.parquet"))
-            .map_err(anyhow::Error::msg)?;
-        t.write_csv(&out.join("ladder.csv"))
-            .map_err(anyhow::Error::msg)?;
+        let t = r.table();
+        t.write_parquet(&out.join("ladder.parquet"))?;
+        t.write_csv(&out.join("ladder.csv"))?;
         std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&r)?)?;
         let svg = moonagent_sim::plot::ladder(&r).map_err(anyhow::Error::msg)?;
         std::fs::write(out.join("ladder.svg"), svg)?;

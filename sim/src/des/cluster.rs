@@ -18,6 +18,7 @@ use moonagent_traces::schema::Request;
 use super::config::SimConfig;
 use super::engine::{EventQueue, Time};
 use super::metrics::{Percentiles, RequestRecord, Summary, NONE};
+use super::SimError;
 
 // Kind priorities at equal times: a worker's step first, then arrivals of data, then
 // dispatches; trace arrivals sort after every kind.
@@ -38,10 +39,6 @@ fn kind(d: Done) -> (u8, usize) {
     }
 }
 
-fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
-    move |e| format!("{what}: {e}")
-}
-
 /// The engine's configuration for `cfg` on its hardware and model.
 pub fn engine_config(
     cfg: &SimConfig,
@@ -49,14 +46,14 @@ pub fn engine_config(
     hw: &HardwareProfile,
     spec: &ModelSpec,
     block_size: u32,
-) -> Result<EngineConfig, String> {
+) -> Result<EngineConfig, SimError> {
     let kv_tokens = cost.kv_capacity_tokens(cfg.kv_mem_fraction);
     let pages = u32::try_from(kv_tokens / u64::from(cfg.kv_block_tokens)).unwrap_or(u32::MAX);
     if pages == 0 {
-        return Err(format!(
-            "kv_mem_fraction: leaves no KV pages on {} for {}",
-            hw.name, spec.name
-        ));
+        return Err(SimError::Config {
+            field: "kv_mem_fraction",
+            what: format!("leaves no KV pages on {} for {}", hw.name, spec.name),
+        });
     }
     Ok(EngineConfig {
         mode: cfg.mode,
@@ -120,23 +117,24 @@ pub struct Simulation<'a> {
 
 impl<'a> Simulation<'a> {
     /// Build the cluster for `cfg` over `trace` (prefix blocks of `block_size` tokens).
-    pub fn new(cfg: &SimConfig, trace: &'a [Request], block_size: u32) -> Result<Self, String> {
+    pub fn new(cfg: &SimConfig, trace: &'a [Request], block_size: u32) -> Result<Self, SimError> {
         cfg.validate()?;
-        let hw = HardwareProfile::by_name(&cfg.hardware).map_err(err("hardware"))?;
-        let spec = ModelSpec::by_name(&cfg.model).map_err(err("model"))?;
-        let cost = CostModel::new(&hw, &spec, cfg.tp).map_err(err("cost model"))?;
+        let hw =
+            HardwareProfile::by_name(&cfg.hardware).map_err(|e| SimError::Models("hardware", e))?;
+        let spec = ModelSpec::by_name(&cfg.model).map_err(|e| SimError::Models("model", e))?;
+        let cost =
+            CostModel::new(&hw, &spec, cfg.tp).map_err(|e| SimError::Models("cost model", e))?;
         let kind: LinkKind = serde_json::from_value(serde_json::Value::String(cfg.link.clone()))
-            .map_err(|_| {
-                format!(
-                    "link: expected nvlink, rdma, tcp or pcie, got {:?}",
-                    cfg.link
-                )
+            .map_err(|_| SimError::Config {
+                field: "link",
+                what: format!("expected nvlink, rdma, tcp or pcie, got {:?}", cfg.link),
             })?;
-        let link = *hw.link(kind).map_err(err("link"))?;
+        let link = *hw.link(kind).map_err(|e| SimError::Models("link", e))?;
         let ecfg = engine_config(cfg, &cost, &hw, &spec, block_size)?;
-        let store: MemStore<StoreKey> = MemStore::with_policy(cfg.store.clone(), &cfg.policy)?;
+        let store: MemStore<StoreKey> =
+            MemStore::with_policy(cfg.store.clone(), &cfg.policy).map_err(SimError::Store)?;
         let pricing = Box::new(CostPricing { cost, link });
-        let engine = Engine::new(ecfg, store, trace, Some(pricing)).map_err(|e| e.to_string())?;
+        let engine = Engine::new(ecfg, store, trace, Some(pricing))?;
         let workers = engine.workers() as usize;
         Ok(Self {
             cfg: cfg.clone(),
@@ -154,7 +152,7 @@ impl<'a> Simulation<'a> {
     }
 
     /// Run to completion (or the horizon); per-request records in trace order and the summary.
-    pub fn run(mut self) -> Result<(Summary, Vec<RequestRecord>), String> {
+    pub fn run(mut self) -> Result<(Summary, Vec<RequestRecord>), SimError> {
         let mut cursor = 0usize;
         loop {
             let next_arrival = self.trace.get(cursor).map(|r| r.arrival_ns);
@@ -179,12 +177,12 @@ impl<'a> Simulation<'a> {
             if take_arrival {
                 let t = self.q.advance_to(now);
                 self.events_by_kind[0] += 1;
-                self.engine.arrive(t, cursor).map_err(|e| e.to_string())?;
+                self.engine.arrive(t, cursor)?;
                 cursor += 1;
                 self.execute(t);
             } else if let Some((t, done)) = self.q.pop() {
                 self.events_by_kind[kind(done).1] += 1;
-                self.engine.complete(t, done).map_err(|e| e.to_string())?;
+                self.engine.complete(t, done)?;
                 self.execute(t);
             }
         }
@@ -364,6 +362,6 @@ pub fn simulate(
     cfg: &SimConfig,
     trace: &[Request],
     block_size: u32,
-) -> Result<(Summary, Vec<RequestRecord>), String> {
+) -> Result<(Summary, Vec<RequestRecord>), SimError> {
     Simulation::new(cfg, trace, block_size)?.run()
 }

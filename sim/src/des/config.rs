@@ -3,6 +3,8 @@
 use moonagent_core::store::{MemStoreConfig, PolicyConfig, SEC};
 use serde::{Deserialize, Serialize};
 
+use super::SimError;
+
 pub use moonagent_core::serve::Mode;
 
 /// Service-level objective for goodput.
@@ -100,7 +102,8 @@ impl Default for SimConfig {
 
 impl SimConfig {
     /// Check the fields that models and stores do not check themselves.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SimError> {
+        let bad = |field: &'static str, what: String| Err(SimError::Config { field, what });
         let nonzero = [
             ("tp", self.tp),
             ("gpus", self.gpus),
@@ -111,7 +114,7 @@ impl SimConfig {
         ];
         for (name, v) in nonzero {
             if v == 0 {
-                return Err(format!("{name}: expected > 0"));
+                return bad(name, "expected > 0".into());
             }
         }
         if self.mode.disaggregated() {
@@ -121,36 +124,40 @@ impl SimConfig {
                 ("decodes", self.decodes),
             ] {
                 if v == 0 {
-                    return Err(format!(
-                        "{name}: expected > 0 in EPD mode {}",
-                        self.mode.name()
-                    ));
+                    return bad(
+                        name,
+                        format!("expected > 0 in EPD mode {}", self.mode.name()),
+                    );
                 }
             }
             let used = (self.encoders + self.prefills + self.decodes) * self.tp;
             if used > self.gpus {
-                return Err(format!(
-                    "encoders + prefills + decodes: {used} GPUs at tp {} exceed gpus = {}",
-                    self.tp, self.gpus
-                ));
+                return bad(
+                    "encoders + prefills + decodes",
+                    format!("{used} GPUs at tp {} exceed gpus = {}", self.tp, self.gpus),
+                );
             }
         } else if self.gpus < self.tp {
-            return Err(format!(
-                "gpus: {} is fewer than tp = {}",
-                self.gpus, self.tp
-            ));
+            return bad(
+                "gpus",
+                format!("{} is fewer than tp = {}", self.gpus, self.tp),
+            );
         }
         if !(self.kv_mem_fraction > 0.0 && self.kv_mem_fraction <= 1.0) {
-            return Err(format!(
-                "kv_mem_fraction: expected in (0, 1], got {}",
-                self.kv_mem_fraction
-            ));
+            return bad(
+                "kv_mem_fraction",
+                format!("expected in (0, 1], got {}", self.kv_mem_fraction),
+            );
         }
         if !(self.slo.ttft_ms > 0.0 && self.slo.tpot_ms > 0.0) {
-            return Err("slo: ttft_ms and tpot_ms must be > 0".into());
+            return bad("slo", "ttft_ms and tpot_ms must be > 0".into());
         }
-        self.store.validate().map_err(|e| format!("store.{e}"))?;
-        self.policy.build().map_err(|e| format!("policy: {e}"))?;
+        self.store
+            .validate()
+            .map_err(|e| SimError::Store(e.to_string()))?;
+        self.policy
+            .build()
+            .map_err(|e| SimError::Store(format!("policy: {e}")))?;
         Ok(())
     }
 }

@@ -10,6 +10,7 @@
 //! Gains decompose as seed 000 defines them: EPD = B1 vs B0, cache = B2 - B1,
 //! fork = B3 - B2, scheduling = Full - B3 (throughput ratios, P95 TTFT changes).
 
+use crate::table::{Column, Table};
 use moonagent_traces::gen::{Generated, GeneratorKind};
 use moonagent_traces::schema::Request;
 use rayon::prelude::*;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::cluster::simulate;
 use super::config::{Mode, SimConfig};
 use super::metrics::Summary;
+use super::SimError;
 
 /// One workload of the ladder.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -123,11 +125,20 @@ pub struct LadderResult {
 }
 
 /// Generate `n` requests of `w` at `rate` req/s.
-pub fn generate(w: &Workload, n: u64, rate: f64, seed: u64) -> Result<(Vec<Request>, u32), String> {
+pub fn generate(
+    w: &Workload,
+    n: u64,
+    rate: f64,
+    seed: u64,
+) -> Result<(Vec<Request>, u32), SimError> {
+    let bad = |what: String| SimError::Workload {
+        workload: w.name.clone(),
+        what,
+    };
     let kind: GeneratorKind = w
         .generator
         .parse()
-        .map_err(|e| format!("workload {}: {e}", w.name))?;
+        .map_err(|e: moonagent_traces::TraceError| bad(e.to_string()))?;
     let mut cfg = if w.config.is_null() {
         serde_json::json!({})
     } else {
@@ -135,7 +146,7 @@ pub fn generate(w: &Workload, n: u64, rate: f64, seed: u64) -> Result<(Vec<Reque
     };
     let obj = cfg
         .as_object_mut()
-        .ok_or_else(|| format!("workload {}: config must be a table", w.name))?;
+        .ok_or_else(|| bad("config must be a table".into()))?;
     if matches!(
         kind,
         GeneratorKind::W1 | GeneratorKind::W2 | GeneratorKind::W3 | GeneratorKind::W4
@@ -143,13 +154,12 @@ pub fn generate(w: &Workload, n: u64, rate: f64, seed: u64) -> Result<(Vec<Reque
         obj.insert("requests".into(), n.into());
         obj.insert("rate".into(), rate.into());
     }
-    let g = Generated::new(kind, Some(&cfg), &[], seed)
-        .map_err(|e| format!("workload {}: {e}", w.name))?;
+    let g = Generated::new(kind, Some(&cfg), &[], seed).map_err(|e| bad(e.to_string()))?;
     let bs = g.header.block_size_tokens;
     let reqs = g
         .requests
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("workload {}: {e}", w.name))?;
+        .map_err(|e| bad(e.to_string()))?;
     Ok((reqs, bs))
 }
 
@@ -170,12 +180,15 @@ fn ratio(new: f64, old: f64) -> f64 {
 }
 
 /// Run the ladder (cells in parallel with rayon; results in a fixed order).
-pub fn run_ladder(cfg: &LadderConfig) -> Result<LadderResult, String> {
+pub fn run_ladder(cfg: &LadderConfig) -> Result<LadderResult, SimError> {
     if !(cfg.load_factor > 0.0 && cfg.saturation_rate > 0.0) {
-        return Err("load_factor and saturation_rate: expected > 0".into());
+        return Err(SimError::Config {
+            field: "load_factor and saturation_rate",
+            what: "expected > 0".into(),
+        });
     }
     // Every mode of the ladder on one trace, in parallel; summaries in mode order.
-    let run_modes = |trace: &[Request], bs: u32| -> Result<Vec<Summary>, String> {
+    let run_modes = |trace: &[Request], bs: u32| -> Result<Vec<Summary>, SimError> {
         cfg.modes
             .par_iter()
             .map(|&m| {
@@ -248,4 +261,38 @@ pub fn run_ladder(cfg: &LadderConfig) -> Result<LadderResult, String> {
         cells,
         gains,
     })
+}
+
+impl LadderResult {
+    /// The ladder's cells as a table.
+    pub fn table(&self) -> Table {
+        let r = self;
+        let c = &r.cells;
+        let s = |f: &dyn Fn(&Cell) -> String| Column::Str(c.iter().map(f).collect());
+        let f = |f: &dyn Fn(&Cell) -> f64| Column::F64(c.iter().map(f).collect());
+        let u = |f: &dyn Fn(&Cell) -> u64| Column::U64(c.iter().map(f).collect());
+        Table::new()
+            .with("workload", s(&|x| x.workload.clone()))
+            .with("mode", s(&|x| x.mode.name().to_string()))
+            .with("hardware", s(&|_| r.config.base.hardware.clone()))
+            .with("throughput_rps", f(&|x| x.saturated.throughput_rps))
+            .with("load_rps", f(&|x| x.load_rps))
+            .with("ttft_p50_ms", f(&|x| x.at_load.ttft_ms.p50))
+            .with("ttft_p95_ms", f(&|x| x.at_load.ttft_ms.p95))
+            .with("ttft_p99_ms", f(&|x| x.at_load.ttft_ms.p99))
+            .with("tpot_p50_ms", f(&|x| x.at_load.tpot_ms.p50))
+            .with("e2e_p95_ms", f(&|x| x.at_load.e2e_ms.p95))
+            .with("goodput_rps", f(&|x| x.at_load.goodput_rps))
+            .with("image_hit_rate", f(&|x| x.at_load.image_hit_rate))
+            .with("kv_block_hit_rate", f(&|x| x.at_load.kv_block_hit_rate))
+            .with("encoder_gpu_s", f(&|x| x.at_load.encoder_gpu_s))
+            .with("encoder_gpu_s_saved", f(&|x| x.at_load.encoder_gpu_s_saved))
+            .with("forks", u(&|x| x.at_load.forks))
+            .with(
+                "fork_prefill_tokens_avoided",
+                u(&|x| x.at_load.fork_prefill_tokens_avoided),
+            )
+            .with("preemptions", u(&|x| x.at_load.preemptions))
+            .with("completed", u(&|x| x.at_load.completed))
+    }
 }

@@ -249,7 +249,7 @@ impl RunConfig {
                 // and sizes the KV pools, exactly as a run will; it takes ~1 ms (the pools),
                 // so it runs once per cluster shape. Store and policy, which points vary
                 // most, are checked for every point by `validate`.
-                sim.validate()?;
+                sim.validate().map_err(|e| e.to_string())?;
                 let mut shape = serde_json::to_value(&sim).unwrap_or(Value::Null);
                 if let Value::Object(m) = &mut shape {
                     m.remove("store");
@@ -257,7 +257,11 @@ impl RunConfig {
                 }
                 memo.clusters
                     .entry(canonical_json(&shape))
-                    .or_insert_with(|| Simulation::new(&sim, &[], 16).map(|_| ()))
+                    .or_insert_with(|| {
+                        Simulation::new(&sim, &[], 16)
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    })
                     .clone()
             }
             RunConfig::Replay(r) => {

@@ -190,7 +190,7 @@ pub(crate) fn run_one(
             if let Some(b) = resolve_capacity(&s.capacity, *unique)? {
                 sim.store.capacity_bytes = b;
             }
-            let (summary, _) = simulate(&sim, reqs, *block)?;
+            let (summary, _) = simulate(&sim, reqs, *block).map_err(|e| e.to_string())?;
             Ok(sim_metrics(&summary))
         }
         RunConfig::Replay(r) => {
