@@ -145,9 +145,13 @@ pub struct Engine<'a, S: Store, R: RequestView> {
     cache: MmCache<S>,
     ctxs: Vec<ModelCtx>,
     counters: Counters,
-    step_out: StepOutcome,
+    /// The decode step's outcome buffers, reused (taken while a step is handled).
+    step_out: Option<StepOutcome>,
     fp_memo: FpMemo,
-    actions: VecDeque<Action>,
+    /// Decided actions in order; reversed while the driver drains them (so a poll is a
+    /// `pop`), put back in order before the next input.
+    actions: Vec<Action>,
+    draining: bool,
     blocks_missing: Vec<usize>,
     recv: Vec<u8>,
     pricing: Option<Box<dyn Pricing + 'a>>,
@@ -342,9 +346,10 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             cache: MmCache::with_config(store, CacheConfig::default()),
             ctxs: Vec::new(),
             counters: Counters::default(),
-            step_out: StepOutcome::default(),
+            step_out: Some(StepOutcome::default()),
             fp_memo: Default::default(),
-            actions: VecDeque::new(),
+            actions: Vec::new(),
+            draining: false,
             blocks_missing: Vec::new(),
             recv: Vec::new(),
             pricing,
@@ -354,7 +359,20 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     /// The next action the driver must run, in the order decided.
     #[inline]
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        if !self.draining {
+            self.actions.reverse();
+            self.draining = true;
+        }
+        self.actions.pop()
+    }
+
+    /// Before an input: actions the driver left undrained go back in decision order.
+    #[inline]
+    fn undrain(&mut self) {
+        if self.draining {
+            self.actions.reverse();
+            self.draining = false;
+        }
     }
 
     /// Workers in the cluster (ids `0..n`).
@@ -512,6 +530,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
 
     /// Request `idx` of the trace arrives at `now` (requests arrive in trace order).
     pub fn arrive(&mut self, now: Nanos, idx: usize) -> Result<(), ServeError> {
+        self.undrain();
         let r = self.trace.get(idx).ok_or(ServeError::NoSuchRequest(idx))?;
         let outs = r.branch_output_tokens();
         let branches = outs.len() as u32;
@@ -603,8 +622,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 .iter()
                 .map(|i| u64::from(i.tokens) * self.cfg.pixel_bytes_per_token)
                 .sum();
-            self.actions
-                .push_back(Action::Fingerprint { job, pixel_bytes });
+            self.actions.push(Action::Fingerprint { job, pixel_bytes });
             Ok(())
         } else {
             let w = self.pick(now, 0);
@@ -617,6 +635,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
 
     /// A unit of work finished at `now`.
     pub fn complete(&mut self, now: Nanos, done: Done) -> Result<(), ServeError> {
+        self.undrain();
         match done {
             Done::Fingerprinted(job) => {
                 self.check_job(job, done)?;
@@ -689,8 +708,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             if cache && self.lookup(now, tenant, &img)? {
                 self.tops[top].rec.images_hit += 1;
                 self.counters.images_hit += 1;
-                self.actions
-                    .push_back(Action::EncodeAvoided { tokens: img.tokens });
+                self.actions.push(Action::EncodeAvoided { tokens: img.tokens });
                 self.jobs[job as usize].load_bytes += bytes;
                 kept.push(img);
                 continue;
@@ -835,7 +853,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         self.jobs[job as usize].incoming_ns = ns;
         self.workers[w as usize].load.incoming_ns += ns;
         self.counters.link_bytes[1] += embed_bytes + kv_bytes;
-        self.actions.push_back(Action::Load {
+        self.actions.push(Action::Load {
             job,
             worker: w,
             embed_bytes,
@@ -893,7 +911,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         let wk = &mut self.workers[w as usize];
         wk.inflight = Inflight::Encode(batch);
         wk.load.busy_until = now + ns;
-        self.actions.push_back(Action::Encode { worker: w, tokens });
+        self.actions.push(Action::Encode { worker: w, tokens });
     }
 
     fn start_prefill(&mut self, now: Nanos, w: WorkerId) {
@@ -921,7 +939,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         let wk = &mut self.workers[w as usize];
         wk.inflight = Inflight::Prefill(chunks);
         wk.load.busy_until = now + ns;
-        self.actions.push_back(Action::Prefill {
+        self.actions.push(Action::Prefill {
             worker: w,
             chunks: shapes,
         });
@@ -972,7 +990,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         let wk = &mut self.workers[w as usize];
         wk.inflight = Inflight::Decode;
         wk.load.busy_until = now + ns;
-        self.actions.push_back(Action::Decode {
+        self.actions.push(Action::Decode {
             worker: w,
             batch,
             ctx_sum,
@@ -997,7 +1015,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                             * self.cfg.encoder_bytes_per_token;
                         self.tops[top].rec.bytes_encoder_store += bytes;
                         self.counters.link_bytes[0] += bytes;
-                        self.actions.push_back(Action::Transfer {
+                        self.actions.push(Action::Transfer {
                             from: w,
                             to: None,
                             flow: Flow::Put,
@@ -1068,7 +1086,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 if kv_prefix::publish(&mut blocks, i).map_err(|e| ServeError::Store("put", e))?
                     == Publish::Stored
                 {
-                    self.actions.push_back(Action::Transfer {
+                    self.actions.push(Action::Transfer {
                         from: w,
                         to: None,
                         flow: Flow::KvPut,
@@ -1095,7 +1113,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             l.incoming_ns += ns;
             l.decode_pending.0 += 1;
             l.decode_pending.1 += ctx;
-            self.actions.push_back(Action::Transfer {
+            self.actions.push(Action::Transfer {
                 from: w,
                 to: Some(dec),
                 flow: Flow::KvPut,
@@ -1113,7 +1131,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     }
 
     fn decode_done(&mut self, now: Nanos, w: WorkerId) -> Result<(), ServeError> {
-        let mut out = std::mem::take(&mut self.step_out);
+        let mut out = self.step_out.take().unwrap_or_default();
         let wk = &mut self.workers[w as usize];
         let Some(pool) = wk.pool.as_mut() else {
             return Err(ServeError::Unexpected(Done::Step(w)));
@@ -1148,7 +1166,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 break;
             }
         }
-        self.step_out = out;
+        self.step_out = Some(out);
         res
     }
 
