@@ -10,6 +10,7 @@ use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array}
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
+use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
 use crate::sweep::files::write_atomic;
@@ -133,27 +134,11 @@ impl Table {
             arrays.push(a);
         }
         let schema = Arc::new(Schema::new(fields));
-        let batch =
-            RecordBatch::try_new(schema.clone(), arrays).map_err(|e| TableError::Encode {
-                path: path.into(),
-                what: e.to_string(),
-            })?;
-        let props = WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
-            .set_created_by("moonagent".into())
-            .build();
-        let err = |e: parquet::errors::ParquetError| TableError::Encode {
+        let batch = RecordBatch::try_new(schema, arrays).map_err(|e| TableError::Encode {
             path: path.into(),
             what: e.to_string(),
-        };
-        let mut buf = Vec::new();
-        let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props)).map_err(err)?;
-        w.write(&batch).map_err(err)?;
-        w.close().map_err(err)?;
-        write_atomic(path, &buf, true).map_err(|source| TableError::Io {
-            path: path.into(),
-            source,
-        })
+        })?;
+        write_batch(path, &batch, "moonagent", None)
     }
 
     /// Write as CSV (header row first), atomically.
@@ -173,4 +158,31 @@ impl Table {
             source,
         })
     }
+}
+
+/// Write `batch` as Parquet (snappy, fixed writer properties: the same batch gives the same
+/// bytes) to `path`, atomically: every Parquet file the simulator writes goes through here.
+pub fn write_batch(
+    path: &Path,
+    batch: &RecordBatch,
+    created_by: &str,
+    meta: Option<Vec<KeyValue>>,
+) -> Result<(), TableError> {
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_created_by(created_by.into())
+        .set_key_value_metadata(meta)
+        .build();
+    let err = |e: parquet::errors::ParquetError| TableError::Encode {
+        path: path.into(),
+        what: e.to_string(),
+    };
+    let mut buf = Vec::new();
+    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props)).map_err(err)?;
+    w.write(batch).map_err(err)?;
+    w.close().map_err(err)?;
+    write_atomic(path, &buf, true).map_err(|source| TableError::Io {
+        path: path.into(),
+        source,
+    })
 }

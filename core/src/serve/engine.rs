@@ -708,7 +708,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             if cache && self.lookup(now, tenant, &img)? {
                 self.tops[top].rec.images_hit += 1;
                 self.counters.images_hit += 1;
-                self.actions.push(Action::EncodeAvoided { tokens: img.tokens });
+                self.actions
+                    .push(Action::EncodeAvoided { tokens: img.tokens });
                 self.jobs[job as usize].load_bytes += bytes;
                 kept.push(img);
                 continue;

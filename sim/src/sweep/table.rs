@@ -12,13 +12,9 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
 use serde_json::Value;
 
-use super::files::write_atomic;
 use super::metrics::{schema, MetricType, MetricValue};
 use super::plan::{canonical_json, Axis, Plan, FORMAT};
 use super::stats::MeanCi;
@@ -239,19 +235,10 @@ pub(crate) fn table_metadata(plan: &Plan, hash: &str) -> Vec<KeyValue> {
 
 /// Write `batch` as Parquet (snappy) to `path`, atomically.
 pub(crate) fn write_parquet(path: &Path, batch: &RecordBatch, meta: Vec<KeyValue>) -> Result<()> {
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .set_created_by("moonagent-sim sweep".into())
-        .set_key_value_metadata(Some(meta))
-        .build();
-    let err = |e: parquet::errors::ParquetError| {
-        SweepError::Results(format!("{}: writing Parquet: {e}", path.display()))
-    };
-    let mut buf = Vec::new();
-    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props)).map_err(err)?;
-    w.write(batch).map_err(err)?;
-    w.close().map_err(err)?;
-    write_atomic(path, &buf, true).map_err(SweepError::io(path))
+    crate::table::write_batch(path, batch, "moonagent-sim sweep", Some(meta)).map_err(|e| match e {
+        crate::table::TableError::Io { path, source } => SweepError::io(&path)(source),
+        e => SweepError::Results(format!("writing Parquet: {e}")),
+    })
 }
 
 /// A results table read back: per run, its point, seed, axis values (as text) and every
