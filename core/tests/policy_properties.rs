@@ -11,7 +11,7 @@
 //!   victims and `min(S, lower_bound - that)` soft-pinned ones (0 when disallowed), all
 //!   distinct, soft-pinned after unpinned: soft pins are touched only when no unpinned
 //!   candidate is left, and no policy under-delivers;
-//! - hook consistency: LRU's, FIFO's and S3-FIFO's queues hold exactly the live objects
+//! - hook consistency: LRU's, FIFO's, S3-FIFO's and SIEVE's queues hold exactly the live objects
 //!   (slot reuse included), and LRU / FIFO evict exactly what a full scan by
 //!   `last_access_seq` / `insert_seq` would;
 //! - compatibility: `type-aware` with default knobs and a single-leaf `hierarchical` tree
@@ -19,7 +19,7 @@
 
 use std::collections::BTreeSet;
 
-use moonagent_core::store::policies::{Fifo, Lru, S3Fifo, S3FifoConfig};
+use moonagent_core::store::policies::{Fifo, Lru, S3Fifo, S3FifoConfig, Sieve};
 use moonagent_core::store::{
     AccessHints, Candidate, DataType, EvictRequest, EvictionPolicy, MemStore, MemStoreConfig,
     MooncakeDefault, ObjId, ObjectMeta, Payload, PolicyConfig, ReplicateConfig, MS,
@@ -171,6 +171,7 @@ evict = { rule = "type-aware", types = { encoder_output = { reuse_scale = 4.0 } 
         S3Fifo::new(&S3FifoConfig::default()).unwrap(),
         Some(S3Fifo::check),
     ));
+    v.push(checked(Sieve::new(), Some(Sieve::check)));
     v
 }
 

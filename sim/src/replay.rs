@@ -622,34 +622,14 @@ impl LabelledPolicy {
     }
 }
 
-/// Every policy name `PolicyConfig` knows, in its order.
-pub const POLICY_NAMES: [&str; 9] = [
-    "mooncake-default",
-    "type-aware",
-    "hierarchical",
-    "lru",
-    "fifo",
-    "s3-fifo",
-    "gdsf",
-    "belady",
-    "belady-cost",
-];
+/// Every policy name `PolicyConfig` knows, in its order (its own list,
+/// [`PolicyConfig::NAMES`]).
+pub const POLICY_NAMES: [&str; PolicyConfig::NAMES.len()] = PolicyConfig::NAMES;
 
 /// A policy by name with default settings (`hierarchical` has no default tree: give it a
-/// config file).
+/// config file): [`PolicyConfig::by_name`].
 pub fn policy_by_name(name: &str) -> Result<PolicyConfig, String> {
-    let known = POLICY_NAMES.join(", ");
-    if !POLICY_NAMES.contains(&name) {
-        return Err(format!("unknown policy {name:?}; expected one of {known}"));
-    }
-    let policy: PolicyConfig = serde_json::from_value(serde_json::json!({ "policy": name }))
-        .map_err(|e| {
-            format!("policy {name:?} needs settings (give it a config file, `policy = \"{name}\"` ...): {e}")
-        })?;
-    policy
-        .validate()
-        .map_err(|e| format!("policy {name:?}: {e}"))?;
-    Ok(policy)
+    PolicyConfig::by_name(name).map_err(|e| e.to_string())
 }
 
 /// The replay of one policy: a store and its per-type counters.

@@ -27,7 +27,8 @@ pub struct ReplayArgs {
     #[arg(long, required = true, value_delimiter = ',')]
     pub capacity: Vec<String>,
     /// A policy by name with default settings (mooncake-default, type-aware, lru, fifo,
-    /// s3-fifo, gdsf, belady, belady-cost). Repeatable or comma-separated.
+    /// s3-fifo, sieve, gdsf, belady, belady-cost; the list is `PolicyConfig::NAMES`, and an
+    /// unknown name prints it). Repeatable or comma-separated.
     #[arg(long = "policy", value_delimiter = ',')]
     pub policies: Vec<String>,
     /// A policy configuration file (TOML or JSON, `policy = "type-aware"` ...), labelled by

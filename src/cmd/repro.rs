@@ -263,6 +263,7 @@ fn capacity_policies() -> Vec<LabelledPolicy> {
         PolicyConfig::Lru {},
         PolicyConfig::Fifo {},
         PolicyConfig::S3Fifo(Default::default()),
+        PolicyConfig::Sieve {},
         PolicyConfig::Gdsf {},
     ]
     .into_iter()
