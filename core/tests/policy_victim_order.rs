@@ -448,6 +448,33 @@ fn s3fifo_lookup_miss_decides_the_ghost_hit_before_the_evictions_that_make_room(
     }
 }
 
+#[test]
+fn s3fifo_warm_up_fills_main_once_small_is_full_only_before_the_first_eviction() {
+    for announce in [false, true] {
+        let mut p = S3Fifo::new(&S3FifoConfig::default()).unwrap();
+        if announce {
+            p.on_capacity(100); // small queue: 10 bytes
+        }
+        let mut t = Table::new(100);
+        let a = t.insert(&mut p, meta(10, GEN, 0));
+        let b = t.insert(&mut p, meta(10, GEN, 0));
+        let want = if announce {
+            // libCacheSim's S3FIFO.c: S is full, nothing evicted yet, so b goes to M.
+            (vec![a], vec![b])
+        } else {
+            // `MemStore` never announces: the paper's warm-up, everything into S.
+            (vec![b, a], vec![])
+        };
+        assert_eq!(p.dump(), want, "announced: {announce}");
+        assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [a.0]);
+        // After the first eviction, new objects go to S whatever its fill.
+        let c = t.insert(&mut p, meta(10, GEN, 0));
+        let d = t.insert(&mut p, meta(10, GEN, 0));
+        assert_eq!(p.dump().0[..2], [d, c]);
+        p.check(&t.metas).unwrap();
+    }
+}
+
 // ---------------------------------------------------------------- sieve
 
 #[test]

@@ -120,6 +120,10 @@ pub trait EvictionPolicy: Send + Debug {
     /// (S3-FIFO's ghost) may consult it here. Optional: `MemStore` does not call it, and a
     /// policy must behave sensibly when it is never called.
     fn on_lookup_miss(&mut self, _key_hash: u64) {}
+    /// The cache's capacity, announced once by a driver before the first insert (the
+    /// plain replay does; `MemStore` does not, so a policy learns it from the first
+    /// [`EvictRequest`] there). Policies that size queues before any eviction read it.
+    fn on_capacity(&mut self, _capacity_bytes: u64) {}
     /// The slot is about to be freed (evicted, removed or revoked).
     fn on_remove(&mut self, _id: ObjId, _meta: &ObjectMeta) {}
     /// Push victims for `req` onto `out` (each at most once). `objects` is indexed by `ObjId`.

@@ -106,6 +106,10 @@ pub struct S3Fifo {
     ghost_bytes: u64,
     /// A key found in the ghost by `on_lookup_miss`, not inserted yet.
     ghost_hit: Option<u64>,
+    /// Whether an eviction run has happened (libCacheSim's warm-up rule ends with it).
+    has_evicted: bool,
+    /// The capacity announced by `on_capacity` (0: not announced).
+    announced: u64,
     ghost_seq: u64,
     capacity: u64,
     planned: Vec<ObjId>,
@@ -137,6 +141,8 @@ impl S3Fifo {
             ghost_map: FxHashMap::default(),
             ghost_bytes: 0,
             ghost_hit: None,
+            has_evicted: false,
+            announced: 0,
             ghost_seq: 0,
             capacity: 0,
             planned: Vec::new(),
@@ -381,11 +387,19 @@ impl EvictionPolicy for S3Fifo {
             size: meta.size,
         };
         let noted = self.ghost_hit.take() == Some(meta.key_hash);
-        if noted || self.ghost_take(meta.key_hash) {
+        let small_full = !self.has_evicted
+            && self.announced > 0
+            && self.small.bytes >= (self.cfg.small_ratio * self.announced as f64) as u64;
+        if noted || self.ghost_take(meta.key_hash) || small_full {
             self.main.push_head(&mut self.links, id, meta.size);
         } else {
             self.small.push_head(&mut self.links, id, meta.size);
         }
+    }
+
+    fn on_capacity(&mut self, capacity_bytes: u64) {
+        self.announced = capacity_bytes;
+        self.capacity = capacity_bytes;
     }
 
     fn on_lookup_miss(&mut self, key_hash: u64) {
@@ -411,6 +425,7 @@ impl EvictionPolicy for S3Fifo {
 
     fn select_victims(&mut self, req: &EvictRequest, objects: &[ObjectMeta], out: &mut Vec<ObjId>) {
         self.capacity = req.capacity_bytes;
+        self.has_evicted = true;
         // Victims the store did not remove (it never refuses a candidate, but stay safe):
         // back into main.
         let mut leftover = std::mem::take(&mut self.planned);

@@ -32,9 +32,20 @@
 //! cache of `k` equal-size objects, the hit-count bound that holds for the store whatever
 //! its leases and batch eviction do (see its docs).
 //!
+//! A second cache model, [`plain`] (`--cache-model plain`), replays the same compiled
+//! trace with libCacheSim's semantics (evict before insert, every access a lookup, no
+//! leases or watermarks, object-count or byte capacity); [`oracle_general`] reads
+//! libCacheSim's binary traces.
+//!
 //! Limits: the replay does not model that a KV prefix lost to eviction also needs the
 //! encoder outputs of the images inside it (the trace does not say where images sit in
 //! the prompt); a lost prefix is charged its prefill time only.
+
+pub mod oracle_general;
+pub mod plain;
+
+pub use oracle_general::OracleGeneralError;
+pub use plain::{replay_plain, replay_plain_grid, CapacityUnit, PlainConfig};
 
 use std::collections::{BTreeMap, BTreeSet};
 
