@@ -45,4 +45,9 @@ if [[ -f scripts/test_sweep_python.sh ]]; then
   bash scripts/test_sweep_python.sh
 fi
 
+if [[ -f scripts/test_libcachesim.sh ]]; then
+  step "libCacheSim as the oracle of the plain replay"
+  bash scripts/test_libcachesim.sh
+fi
+
 step "all green in $(( $(date +%s) - t0 )) s"
