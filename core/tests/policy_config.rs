@@ -10,6 +10,7 @@ const EXAMPLES: &[&str] = &[
     r#"{"policy":"fifo"}"#,
     r#"{"policy":"s3-fifo","small_ratio":0.1,"ghost_ratio":0.9,"move_threshold":1}"#,
     r#"{"policy":"sieve"}"#,
+    r#"{"policy":"w-tinylfu","window_ratio":0.01,"protected_ratio":0.8}"#,
     r#"{"policy":"gdsf"}"#,
     r#"{"policy":"belady"}"#,
     r#"{"policy":"belady-cost"}"#,
@@ -98,9 +99,10 @@ fn registry_index(p: &PolicyConfig) -> usize {
         PolicyConfig::Fifo {} => 4,
         PolicyConfig::S3Fifo(_) => 5,
         PolicyConfig::Sieve {} => 6,
-        PolicyConfig::Gdsf {} => 7,
-        PolicyConfig::Belady {} => 8,
-        PolicyConfig::BeladyCost {} => 9,
+        PolicyConfig::WTinyLfu(_) => 7,
+        PolicyConfig::Gdsf {} => 8,
+        PolicyConfig::Belady {} => 9,
+        PolicyConfig::BeladyCost {} => 10,
     }
 }
 

@@ -19,7 +19,9 @@
 
 use std::collections::BTreeSet;
 
-use moonagent_core::store::policies::{Belady, Fifo, Lru, S3Fifo, S3FifoConfig, Sieve};
+use moonagent_core::store::policies::{
+    Belady, Fifo, Lru, S3Fifo, S3FifoConfig, Sieve, WTinyLfu, WTinyLfuConfig,
+};
 use moonagent_core::store::{
     AccessHints, Candidate, DataType, EvictRequest, EvictionPolicy, MemStore, MemStoreConfig,
     MooncakeDefault, ObjId, ObjectMeta, Payload, PolicyConfig, ReplicateConfig, MS,
@@ -172,6 +174,10 @@ evict = { rule = "type-aware", types = { encoder_output = { reuse_scale = 4.0 } 
         Some(S3Fifo::check),
     ));
     v.push(checked(Sieve::new(), Some(Sieve::check)));
+    v.push(checked(
+        WTinyLfu::new(&WTinyLfuConfig::default()).unwrap(),
+        Some(WTinyLfu::check),
+    ));
     v
 }
 

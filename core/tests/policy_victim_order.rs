@@ -7,7 +7,7 @@ mod common;
 use common::{meta, Table};
 use moonagent_core::store::policies::{
     Belady, BeladyCost, Fifo, Gdsf, Hierarchical, Lru, S3Fifo, S3FifoConfig, Sieve, TypeAware,
-    TypeAwareConfig, TypeKnobs,
+    TypeAwareConfig, TypeKnobs, WTinyLfu, WTinyLfuConfig,
 };
 use moonagent_core::store::{
     AccessHints, DataType, EvictionPolicy, MooncakeDefault, ObjId, ObjectMeta, PolicyConfig, MS,
@@ -524,6 +524,42 @@ fn sieve_passes_leased_objects_and_a_removed_hand_moves_to_the_newer_one() {
     p.check(&t.metas).unwrap();
 }
 
+// ---------------------------------------------------------------- w-tinylfu
+
+#[test]
+fn wtinylfu_window_moves_to_main_then_the_sketch_decides_admission() {
+    // 10 objects of 1 byte: window 10% = 1, main 9 (protected 7).
+    let cfg = WTinyLfuConfig {
+        window_ratio: 0.1,
+        ..WTinyLfuConfig::default()
+    };
+    let mut p = WTinyLfu::new(&cfg).unwrap();
+    p.on_capacity(10);
+    let mut t = Table::new(10);
+    let x: Vec<ObjId> = (0..10).map(|_| t.insert(&mut p, meta(1, GEN, 0))).collect();
+    let h = |t: &Table, id: ObjId| t.metas[id.index()].key_hash;
+    // Main has room for x0..x8, which move to probation; then x9 (estimate 1: its insert)
+    // meets main's victim x0 (2: insert + once a window victim): not higher, x9 goes.
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [x[9].0]);
+    let probation: Vec<ObjId> = x[..9].iter().rev().copied().collect();
+    assert_eq!(p.dump(), [vec![], probation, vec![]]);
+    assert_eq!((p.estimate(h(&t, x[0])), p.estimate(h(&t, x[9]))), (2, 2));
+    // A hit in probation promotes to protected (and counts).
+    t.access(&mut p, x[1], MS, MS);
+    assert_eq!(p.dump()[2], [x[1]]);
+    // z comes, is refused (1 vs x0's 2) and counted as a window victim (2); it comes
+    // back (3 > 2): admitted to probation, and main's victim x0 goes.
+    let mut zm = meta(1, GEN, 0);
+    zm.key_hash = 0x2A;
+    let z = t.insert(&mut p, zm.clone());
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [z.0]);
+    assert_eq!(p.estimate(0x2A), 2);
+    let z = t.insert(&mut p, zm);
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [x[0].0]);
+    assert_eq!(p.dump()[1][0], z);
+    p.check(&t.metas).unwrap();
+}
+
 // ---------------------------------------------------------------- gdsf
 
 fn with_cost(size: u64, penalty: u64) -> ObjectMeta {
@@ -646,6 +682,7 @@ fn all_configs() -> Vec<PolicyConfig> {
         PolicyConfig::Fifo {},
         PolicyConfig::S3Fifo(S3FifoConfig::default()),
         PolicyConfig::Sieve {},
+        PolicyConfig::WTinyLfu(WTinyLfuConfig::default()),
         PolicyConfig::Gdsf {},
         PolicyConfig::Belady {},
         PolicyConfig::BeladyCost {},

@@ -13,7 +13,13 @@ the hit counts must be identical for every policy both implement the same way:
 Capacities: 1%, 5%, 10% and 30% of the trace's distinct objects.
 
 Remaining differences, stated and checked rather than hidden:
-  - W-TinyLFU is reported for libCacheSim only: moonagent has no W-TinyLFU yet.
+  - W-TinyLFU: same structure and order of events (window LRU 1%, SLRU main 20/80,
+    admission when the window victim's estimate is strictly higher), but libCacheSim's
+    sketch is a counting Bloom filter with its own hashing and moonagent's is Caffeine's
+    count-min sketch (every row incremented, 4-bit, halved every 10 x width increments;
+    libCacheSim's grows only the minimal counters, unbounded, halved after 32 x main size
+    hits in main), so estimates, and admissions, differ. Measured: Zipf within 1%,
+    Mooncake -9.7% to +16.2% of libCacheSim's hits; required within 20%, printed.
   - Belady: libCacheSim's always admits the missed object (evicting the resident object
     with the furthest next access), as moonagent's `belady` policy in the plain model
     does, so the two must be equal; moonagent's `min_bound` (MIN with bypass: an object
@@ -42,7 +48,11 @@ POLICIES = {  # moonagent name -> libCacheSim constructor
     "sieve": lambda k: lcs.Sieve(k),
     "belady": lambda k: lcs.Belady(k),
 }
-LIB_ONLY = {"wtinylfu": lambda k: lcs.WTinyLFU(k)}
+# Same algorithm, different frequency sketch (libCacheSim: a counting Bloom filter with its
+# own hashing; moonagent: Caffeine's 4-bit count-min sketch): reported side by side and
+# required to be within APPROX of each other, not equal.
+APPROX = {"w-tinylfu": lambda k: lcs.WTinyLFU(k)}
+APPROX_TOLERANCE = 0.20
 
 
 def log(msg):
@@ -86,7 +96,7 @@ def moonagent_hits(bin_path, trace, fmt, caps, out):
         bin_path, "replay", "--trace", trace, "--trace-format", fmt,
         "--cache-model", "plain", "--capacity-unit", "objects",
         "--capacity", ",".join(str(k) for k in caps),
-        "--policy", ",".join(POLICIES), "--out", out,
+        "--policy", ",".join(list(POLICIES) + list(APPROX)), "--out", out,
     ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
@@ -125,9 +135,16 @@ def check_trace(name, bin_path, og_path, n_req, distinct, moon_trace, moon_fmt, 
         log(f"  {'min-bound':10} {k:>8} {'-':>12} {minb[k]:>10}  (MIN with bypass; belady {belady})")
         if minb[k] < belady:
             failures.append(f"{name} k={k}: min_bound {minb[k]} < belady {belady}")
-    for pol, make in LIB_ONLY.items():
-        got = [lib_hits(og_path, n_req, make, k) for k in caps]
-        log(f"  {pol:10} libCacheSim only (moonagent has no {pol}): {got}")
+    for pol, make in APPROX.items():
+        for k in caps:
+            theirs = lib_hits(og_path, n_req, make, k)
+            mine = ours[(pol, k)][0]
+            rel = (mine - theirs) / max(theirs, 1)
+            log(f"  {pol:10} {k:>8} {theirs:>12} {mine:>10}  {mine - theirs:+d} ({100 * rel:+.2f}%, "
+                "different sketch: not required equal)")
+            if abs(rel) > APPROX_TOLERANCE:
+                failures.append(f"{name} {pol} k={k}: libCacheSim {theirs}, moonagent {mine}, "
+                                f"{100 * rel:+.2f}% (tolerance {100 * APPROX_TOLERANCE:.0f}%)")
     log(f"{name}: libCacheSim side {time.time() - t1:.1f} s")
     return failures
 
@@ -162,7 +179,8 @@ def main():
         for f in failures:
             log("MISMATCH " + f)
         sys.exit(1)
-    log("every policy agrees with libCacheSim exactly")
+    log("lru, fifo, s3-fifo, sieve and belady agree with libCacheSim exactly; "
+        f"w-tinylfu within {100 * APPROX_TOLERANCE:.0f}%")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::policies::{
     Belady, BeladyCost, Fifo, Gdsf, Hierarchical, HierarchicalConfig, Lru, Ranked, S3Fifo,
-    S3FifoConfig, Sieve, TypeAware, TypeAwareConfig,
+    S3FifoConfig, Sieve, TypeAware, TypeAwareConfig, WTinyLfu, WTinyLfuConfig,
 };
 use super::{AccessHints, DataType, Nanos, ObjId};
 
@@ -214,6 +214,9 @@ pub enum PolicyConfig {
     S3Fifo(S3FifoConfig),
     /// SIEVE, NSDI'24 ([`sieve`](crate::store::policies::sieve)).
     Sieve {},
+    /// W-TinyLFU, Caffeine's ([`wtinylfu`](crate::store::policies::wtinylfu)).
+    #[serde(rename = "w-tinylfu")]
+    WTinyLfu(WTinyLfuConfig),
     /// GreedyDual-Size-Frequency with cost = miss penalty ([`gdsf`](crate::store::policies::gdsf)).
     Gdsf {},
     /// Offline: Belady's MIN from next-access hints ([`belady`](crate::store::policies::belady)).
@@ -260,7 +263,7 @@ impl Default for PolicyConfig {
 impl PolicyConfig {
     /// Every policy name, in the enum's order (`name()` of each variant; a test checks
     /// that serde knows exactly these).
-    pub const NAMES: [&'static str; 10] = [
+    pub const NAMES: [&'static str; 11] = [
         "mooncake-default",
         "type-aware",
         "hierarchical",
@@ -268,6 +271,7 @@ impl PolicyConfig {
         "fifo",
         "s3-fifo",
         "sieve",
+        "w-tinylfu",
         "gdsf",
         "belady",
         "belady-cost",
@@ -306,6 +310,7 @@ impl PolicyConfig {
             PolicyConfig::Fifo {} => Box::new(Fifo::new()),
             PolicyConfig::S3Fifo(c) => Box::new(S3Fifo::new(c)?),
             PolicyConfig::Sieve {} => Box::new(Sieve::new()),
+            PolicyConfig::WTinyLfu(c) => Box::new(WTinyLfu::new(c)?),
             PolicyConfig::Gdsf {} => Box::new(Gdsf::new()),
             PolicyConfig::Belady {} => Box::new(Belady::new()),
             PolicyConfig::BeladyCost {} => Box::new(BeladyCost::new()),
@@ -322,6 +327,7 @@ impl PolicyConfig {
             PolicyConfig::Fifo {} => "fifo",
             PolicyConfig::S3Fifo(_) => "s3-fifo",
             PolicyConfig::Sieve {} => "sieve",
+            PolicyConfig::WTinyLfu(_) => "w-tinylfu",
             PolicyConfig::Gdsf {} => "gdsf",
             PolicyConfig::Belady {} => "belady",
             PolicyConfig::BeladyCost {} => "belady-cost",

@@ -1,5 +1,5 @@
 //! Eviction policies beyond `mooncake-default` (issue 5): seed 002's type-aware and
-//! hierarchical policies, the classic online baselines (LRU, FIFO, S3-FIFO, SIEVE, GDSF) and two
+//! hierarchical policies, the classic online baselines (LRU, FIFO, S3-FIFO, SIEVE, W-TinyLFU, GDSF) and two
 //! offline references (Belady and a cost-aware oracle), each behind
 //! [`EvictionPolicy`](super::policy::EvictionPolicy) and built from
 //! [`PolicyConfig`](super::policy::PolicyConfig).
@@ -25,6 +25,7 @@ pub mod lru;
 pub mod s3fifo;
 pub mod sieve;
 pub mod type_aware;
+pub mod wtinylfu;
 
 use std::cmp::Ordering;
 
@@ -40,6 +41,7 @@ pub use lru::Lru;
 pub use s3fifo::{S3Fifo, S3FifoConfig};
 pub use sieve::Sieve;
 pub use type_aware::{TypeAware, TypeAwareConfig, TypeKnobs, TypeKnobsByType};
+pub use wtinylfu::{WTinyLfu, WTinyLfuConfig};
 
 /// A total order over candidates for ranked policies: the smallest key is evicted first.
 /// Compared field by field, `a` by `f64::total_cmp` (callers never produce NaN).
