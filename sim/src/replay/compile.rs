@@ -41,6 +41,30 @@ pub const FIRST_KV: u8 = 1;
 pub const REUSE: u8 = 2;
 
 impl Access {
+    /// An access with no next access filled (`Compiled::push` without its checks).
+    #[inline]
+    pub(crate) fn new(
+        time: u64,
+        id: u64,
+        size: u32,
+        penalty_ns: u32,
+        dtype: u8,
+        tenant: u8,
+        flags: u8,
+    ) -> Self {
+        Self {
+            time,
+            id,
+            size,
+            penalty_ns,
+            next: NEVER,
+            dtype,
+            tenant,
+            flags: flags & FIRST_KV,
+            _pad: 0,
+        }
+    }
+
     /// Whether this access re-references an object seen earlier in the trace.
     #[inline]
     pub fn is_reuse(&self) -> bool {

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use moonagent_core::store::DataType;
 
-use super::Compiled;
+use super::{Access, Compiled, NEVER};
 
 /// Bytes per `oracleGeneral` record.
 pub const RECORD: usize = 24;
@@ -87,28 +87,44 @@ pub fn records(bytes: &[u8]) -> Result<Vec<Record>, OracleGeneralError> {
 impl Compiled {
     /// Compile an `oracleGeneral` trace held in memory (see the module docs).
     pub fn from_oracle_general_bytes(bytes: &[u8]) -> Result<Self, OracleGeneralError> {
-        let recs = records(bytes)?;
-        let mut c = Compiled::default();
-        c.accesses.reserve(recs.len());
-        let mut t = 0u64;
-        for (i, r) in recs.iter().enumerate() {
-            t = t.max(u64::from(r.timestamp) * 1_000_000_000);
-            c.push(
-                t,
-                r.obj_id,
-                u64::from(r.obj_size),
-                0,
-                DataType::General,
-                0,
-                0,
-            )
-            .map_err(|reason| OracleGeneralError::Record {
-                index: i,
-                offset: i * RECORD,
-                reason,
-            })?;
+        let rem = bytes.len() % RECORD;
+        if rem != 0 {
+            return Err(OracleGeneralError::Truncated {
+                offset: bytes.len() - rem,
+                len: rem,
+            });
         }
-        c.requests = recs.len() as u64;
+        let n = bytes.len() / RECORD;
+        if n >= NEVER as usize - 1 {
+            return Err(OracleGeneralError::Record {
+                index: NEVER as usize - 1,
+                offset: (NEVER as usize - 1) * RECORD,
+                reason: format!(
+                    "trace too long for one replay: more than {} accesses",
+                    NEVER - 1
+                ),
+            });
+        }
+        // Decoded straight into accesses: every check `push` makes holds by construction
+        // (sizes are u32, times are clamped to be non-decreasing, the count is checked).
+        let general = DataType::General.index() as u8;
+        let mut c = Compiled::default();
+        c.accesses.reserve_exact(n);
+        let mut t = 0u64;
+        for r in bytes.chunks_exact(RECORD) {
+            let ts = u32::from_le_bytes(r[0..4].try_into().expect("4 bytes"));
+            t = t.max(u64::from(ts) * 1_000_000_000);
+            c.accesses.push(Access::new(
+                t,
+                u64::from_le_bytes(r[4..12].try_into().expect("8 bytes")),
+                u32::from_le_bytes(r[12..16].try_into().expect("4 bytes")),
+                0,
+                general,
+                0,
+                0,
+            ));
+        }
+        c.requests = n as u64;
         c.fill_next();
         Ok(c)
     }
