@@ -560,6 +560,26 @@ fn wtinylfu_window_moves_to_main_then_the_sketch_decides_admission() {
     p.check(&t.metas).unwrap();
 }
 
+#[test]
+fn wtinylfu_a_tie_keeps_main_victim_and_evicts_the_candidate() {
+    let cfg = WTinyLfuConfig {
+        window_ratio: 0.1,
+        ..WTinyLfuConfig::default()
+    };
+    let mut p = WTinyLfu::new(&cfg).unwrap();
+    p.on_capacity(10);
+    let mut t = Table::new(10);
+    let x: Vec<ObjId> = (0..10).map(|_| t.insert(&mut p, meta(1, GEN, 0))).collect();
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [x[9].0]);
+    // A candidate sharing main's victim's key hash has exactly its estimate: a tie, which
+    // admission (strictly higher) refuses.
+    let mut m = meta(1, GEN, 0);
+    m.key_hash = t.metas[x[0].index()].key_hash;
+    let y = t.insert(&mut p, m);
+    assert_eq!(p.estimate(t.metas[y.index()].key_hash), 3);
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [y.0]);
+}
+
 // ---------------------------------------------------------------- gdsf
 
 fn with_cost(size: u64, penalty: u64) -> ObjectMeta {
