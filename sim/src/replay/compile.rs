@@ -292,8 +292,19 @@ impl Compiled {
     /// Fill every access's `next`, mark re-references and number the objects (one
     /// backward pass; idempotent). Must run before a replay (the compile functions run it).
     pub fn fill_next(&mut self) {
-        // (dtype, id) -> (next access index, object number)
-        let mut seen: FxHashMap<(u8, u64), (u32, u32)> = FxHashMap::default();
+        // One data type (oracleGeneral, KV-only traces): key by the id alone, which halves
+        // the map's entries and hashing; the same objects, numbers and links either way.
+        let first = self.accesses.first().map_or(0, |a| a.dtype);
+        if self.accesses.iter().all(|a| a.dtype == first) {
+            self.fill_next_by(|a| a.id);
+        } else {
+            self.fill_next_by(|a| (a.dtype, a.id));
+        }
+    }
+
+    fn fill_next_by<K: std::hash::Hash + Eq>(&mut self, key: impl Fn(&Access) -> K) {
+        // object key -> (next access index, object number)
+        let mut seen: FxHashMap<K, (u32, u32)> = FxHashMap::default();
         let n = self.accesses.len();
         self.objects.clear();
         self.objects.resize(n, 0);
@@ -301,7 +312,7 @@ impl Compiled {
             let a = &mut self.accesses[i];
             a.flags &= !REUSE;
             let fresh = seen.len() as u32;
-            let e = seen.entry((a.dtype, a.id)).or_insert((NEVER, fresh));
+            let e = seen.entry(key(a)).or_insert((NEVER, fresh));
             let next = std::mem::replace(&mut e.0, i as u32);
             a.next = next;
             self.objects[i] = e.1;
