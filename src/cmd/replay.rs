@@ -65,8 +65,8 @@ pub struct ReplayArgs {
     #[arg(long, required = true, value_delimiter = ',')]
     pub capacity: Vec<String>,
     /// A policy by name with default settings (mooncake-default, type-aware, lru, fifo,
-    /// s3-fifo, sieve, gdsf, belady, belady-cost; the list is `PolicyConfig::NAMES`, and an
-    /// unknown name prints it). Repeatable or comma-separated.
+    /// s3-fifo, sieve, w-tinylfu, gdsf, belady, belady-cost; the list is
+    /// `PolicyConfig::NAMES`, and an unknown name prints it). Repeatable or comma-separated.
     #[arg(long = "policy", value_delimiter = ',')]
     pub policies: Vec<String>,
     /// A policy configuration file (TOML or JSON, `policy = "type-aware"` ...), labelled by
@@ -220,9 +220,10 @@ pub fn min_bounds(c: &Compiled, capacity: u64) -> BTreeMap<String, (u64, u64)> {
 
 /// Belady's MIN on `k` unit objects, when the replay holds one data type.
 pub fn min_bounds_objects(c: &Compiled, k: u64) -> BTreeMap<String, (u64, u64)> {
+    let unique = c.unique_objects();
     let present: Vec<DataType> = DataType::ALL
         .into_iter()
-        .filter(|t| c.unique_objects()[t.index()] > 0)
+        .filter(|t| unique[t.index()] > 0)
         .collect();
     match present[..] {
         [t] => BTreeMap::from([(t.name().to_string(), min_bound(c, t, k))]),
