@@ -51,4 +51,9 @@ if [[ -f scripts/test_notebooks.sh ]]; then
   bash scripts/test_notebooks.sh
 fi
 
+if [[ -f scripts/test_libcachesim.sh ]]; then
+  step "libCacheSim as the oracle of the plain replay"
+  bash scripts/test_libcachesim.sh
+fi
+
 step "all green in $(( $(date +%s) - t0 )) s"

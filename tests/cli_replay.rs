@@ -186,3 +186,48 @@ fn repro_eviction_ablation_prints_the_seed_beside_ours() {
         assert!(so.contains(n), "stdout lacks {n:?}:\n{so}");
     }
 }
+
+#[test]
+fn plain_model_flags_are_checked_and_a_truncated_oracle_general_trace_names_the_offset() {
+    fails_with(
+        replay(&["--capacity", "10", "--capacity-unit", "objects"]),
+        &["--capacity-unit objects: needs --cache-model plain"],
+    );
+    // Two whole 24-byte records and 5 bytes of a third.
+    let p = tmp("cut.oracleGeneral");
+    std::fs::write(&p, [0u8; 53]).expect("write");
+    fails_with(
+        run(bin()
+            .args([
+                "replay",
+                "--cache-model",
+                "plain",
+                "--capacity",
+                "1",
+                "--trace",
+            ])
+            .arg(&p)),
+        &[
+            "cut.oracleGeneral",
+            "truncated record at byte offset 48: 5 of 24 bytes",
+        ],
+    );
+    // A whole file replays in the plain model with an object-count capacity.
+    std::fs::write(&p, [0u8; 48]).expect("write");
+    let (o, so, e) = run(bin()
+        .args([
+            "replay",
+            "--cache-model",
+            "plain",
+            "--capacity-unit",
+            "objects",
+            "--capacity",
+            "1",
+            "--policy",
+            "sieve",
+            "--trace",
+        ])
+        .arg(&p));
+    assert!(o.status.success(), "{e}");
+    assert!(so.contains("capacity 1 objects"), "{so}");
+}

@@ -9,6 +9,8 @@ const EXAMPLES: &[&str] = &[
     r#"{"policy":"lru"}"#,
     r#"{"policy":"fifo"}"#,
     r#"{"policy":"s3-fifo","small_ratio":0.1,"ghost_ratio":0.9,"move_threshold":1}"#,
+    r#"{"policy":"sieve"}"#,
+    r#"{"policy":"w-tinylfu","window_ratio":0.01,"protected_ratio":0.8}"#,
     r#"{"policy":"gdsf"}"#,
     r#"{"policy":"belady"}"#,
     r#"{"policy":"belady-cost"}"#,
@@ -84,4 +86,44 @@ fn s3fifo_ratios_are_validated_naming_the_field() {
         let e = PolicyConfig::from_json_str(j).unwrap_err();
         assert!(e.contains(field), "{e}");
     }
+}
+
+/// The registry's position of a variant: an exhaustive match, so a new variant does not
+/// compile until it is placed here, and the test below then wants it in `NAMES`.
+fn registry_index(p: &PolicyConfig) -> usize {
+    match p {
+        PolicyConfig::MooncakeDefault {} => 0,
+        PolicyConfig::TypeAware(_) => 1,
+        PolicyConfig::Hierarchical(_) => 2,
+        PolicyConfig::Lru {} => 3,
+        PolicyConfig::Fifo {} => 4,
+        PolicyConfig::S3Fifo(_) => 5,
+        PolicyConfig::Sieve {} => 6,
+        PolicyConfig::WTinyLfu(_) => 7,
+        PolicyConfig::Gdsf {} => 8,
+        PolicyConfig::Belady {} => 9,
+        PolicyConfig::BeladyCost {} => 10,
+    }
+}
+
+#[test]
+fn names_are_the_one_registry_serde_name_and_build_agree() {
+    use moonagent_core::store::PolicyNameError;
+    for (i, &name) in PolicyConfig::NAMES.iter().enumerate() {
+        match PolicyConfig::by_name(name) {
+            Ok(p) => {
+                assert_eq!(p.name(), name);
+                assert_eq!(registry_index(&p), i, "{name} out of place in NAMES");
+                assert_eq!(p.build().unwrap().name(), name);
+            }
+            // Only the tree policy has no defaults.
+            Err(PolicyNameError::NeedsSettings { .. }) => assert_eq!(name, "hierarchical"),
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+    let tree = PolicyConfig::from_json_str(EXAMPLES[2]).unwrap();
+    assert_eq!(PolicyConfig::NAMES[registry_index(&tree)], "hierarchical");
+    let e = PolicyConfig::by_name("lfu").unwrap_err();
+    assert!(matches!(e, PolicyNameError::Unknown { .. }));
+    assert!(e.to_string().contains("sieve"), "{e}");
 }

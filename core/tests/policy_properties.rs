@@ -11,7 +11,7 @@
 //!   victims and `min(S, lower_bound - that)` soft-pinned ones (0 when disallowed), all
 //!   distinct, soft-pinned after unpinned: soft pins are touched only when no unpinned
 //!   candidate is left, and no policy under-delivers;
-//! - hook consistency: LRU's, FIFO's and S3-FIFO's queues hold exactly the live objects
+//! - hook consistency: LRU's, FIFO's, S3-FIFO's and SIEVE's queues hold exactly the live objects
 //!   (slot reuse included), and LRU / FIFO evict exactly what a full scan by
 //!   `last_access_seq` / `insert_seq` would;
 //! - compatibility: `type-aware` with default knobs and a single-leaf `hierarchical` tree
@@ -19,7 +19,9 @@
 
 use std::collections::BTreeSet;
 
-use moonagent_core::store::policies::{Fifo, Lru, S3Fifo, S3FifoConfig};
+use moonagent_core::store::policies::{
+    Belady, Fifo, Lru, S3Fifo, S3FifoConfig, Sieve, WTinyLfu, WTinyLfuConfig,
+};
 use moonagent_core::store::{
     AccessHints, Candidate, DataType, EvictRequest, EvictionPolicy, MemStore, MemStoreConfig,
     MooncakeDefault, ObjId, ObjectMeta, Payload, PolicyConfig, ReplicateConfig, MS,
@@ -170,6 +172,11 @@ evict = { rule = "type-aware", types = { encoder_output = { reuse_scale = 4.0 } 
     v.push(checked(
         S3Fifo::new(&S3FifoConfig::default()).unwrap(),
         Some(S3Fifo::check),
+    ));
+    v.push(checked(Sieve::new(), Some(Sieve::check)));
+    v.push(checked(
+        WTinyLfu::new(&WTinyLfuConfig::default()).unwrap(),
+        Some(WTinyLfu::check),
     ));
     v
 }
@@ -339,7 +346,7 @@ fn run_all(ops: &[Op], interval: u64) {
 /// A full-scan reference: rank candidates by `key`, then Mooncake's two passes.
 #[derive(Debug)]
 struct ScanRef {
-    key: fn(&ObjectMeta) -> u64,
+    key: fn(&ObjectMeta) -> (u64, u64),
 }
 
 impl EvictionPolicy for ScanRef {
@@ -347,8 +354,8 @@ impl EvictionPolicy for ScanRef {
         "scan-reference"
     }
     fn select_victims(&mut self, req: &EvictRequest, objects: &[ObjectMeta], out: &mut Vec<ObjId>) {
-        let mut u: Vec<(u64, u32)> = Vec::new();
-        let mut sp: Vec<(u64, u32)> = Vec::new();
+        let mut u: Vec<((u64, u64), u32)> = Vec::new();
+        let mut sp: Vec<((u64, u64), u32)> = Vec::new();
         for (i, m) in objects.iter().enumerate() {
             match m.candidate(req.now) {
                 Candidate::Unpinned => u.push(((self.key)(m), i as u32)),
@@ -451,8 +458,17 @@ proptest! {
     /// LRU's and FIFO's O(1) queues evict exactly what a full scan would.
     #[test]
     fn lru_and_fifo_queues_match_a_full_scan(ops in proptest::collection::vec(op(), 1..200)) {
-        same_choices(&ops, 0, Box::new(Lru::new()), Box::new(ScanRef { key: |m| m.last_access_seq }));
-        same_choices(&ops, 10 * MS, Box::new(Fifo::new()), Box::new(ScanRef { key: |m| m.insert_seq }));
+        same_choices(&ops, 0, Box::new(Lru::new()), Box::new(ScanRef { key: |m| (m.last_access_seq, 0) }));
+        same_choices(&ops, 10 * MS, Box::new(Fifo::new()), Box::new(ScanRef { key: |m| (m.insert_seq, 0) }));
+    }
+
+    /// Belady's ordered index evicts exactly what a full scan by (furthest next access,
+    /// oldest insertion) would.
+    #[test]
+    fn belady_index_matches_a_full_scan(ops in proptest::collection::vec(op(), 1..200)) {
+        let key: fn(&ObjectMeta) -> (u64, u64) = |m| (u64::MAX - m.hints.next_access, m.insert_seq);
+        same_choices(&ops, 0, Box::new(Belady::new()), Box::new(ScanRef { key }));
+        same_choices(&ops, 10 * MS, Box::new(Belady::new()), Box::new(ScanRef { key }));
     }
 
     /// `type-aware` at default knobs and trivial `hierarchical` trees are `mooncake-default`.

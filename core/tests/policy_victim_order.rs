@@ -6,8 +6,8 @@ mod common;
 
 use common::{meta, Table};
 use moonagent_core::store::policies::{
-    Belady, BeladyCost, Fifo, Gdsf, Hierarchical, Lru, S3Fifo, S3FifoConfig, TypeAware,
-    TypeAwareConfig, TypeKnobs,
+    Belady, BeladyCost, Fifo, Gdsf, Hierarchical, Lru, S3Fifo, S3FifoConfig, Sieve, TypeAware,
+    TypeAwareConfig, TypeKnobs, WTinyLfu, WTinyLfuConfig,
 };
 use moonagent_core::store::{
     AccessHints, DataType, EvictionPolicy, MooncakeDefault, ObjId, ObjectMeta, PolicyConfig, MS,
@@ -305,7 +305,12 @@ fn fifo_evicts_oldest_insertion_and_ignores_reads() {
 
 #[test]
 fn s3fifo_small_main_and_ghost_queues() {
-    let mut p = S3Fifo::new(&S3FifoConfig::default()).unwrap();
+    // Threshold 1 (one read moves an object to M), so that both read objects move.
+    let mut p = S3Fifo::new(&S3FifoConfig {
+        move_threshold: 1,
+        ..S3FifoConfig::default()
+    })
+    .unwrap();
     let mut t = Table::new(100); // small queue: 10 bytes, main: 90
     for _ in 0..4 {
         t.insert(&mut p, meta(10, GEN, 0)); // a b c d = 0..3, all into S
@@ -356,6 +361,223 @@ fn s3fifo_user_remove_does_not_feed_the_ghost() {
     t.remove(&mut p, a);
     assert!(!p.in_ghost(h));
     p.check(&t.metas).unwrap();
+}
+
+/// Put `n` objects of 10 bytes one at a time, each evicted from `S` at once (never read),
+/// so that their key hashes fill the ghost in order; returns the hashes, oldest first.
+fn s3fifo_fill_ghost(p: &mut S3Fifo, t: &mut Table, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|_| {
+            let id = t.insert(p, meta(10, GEN, 0));
+            let h = t.metas[id.index()].key_hash;
+            assert_eq!(t.evict(p, &t.req(MS, 1, 1)), [id.0]);
+            h
+        })
+        .collect()
+}
+
+#[test]
+fn s3fifo_default_move_threshold_is_two_reads_as_in_libcachesim() {
+    assert_eq!(S3FifoConfig::default().move_threshold, 2);
+    let mut p = S3Fifo::new(&S3FifoConfig::default()).unwrap();
+    let mut t = Table::new(100); // small queue: 10 bytes
+    let a = t.insert(&mut p, meta(10, GEN, 0));
+    let b = t.insert(&mut p, meta(10, GEN, 0));
+    let hash_a = t.metas[a.index()].key_hash;
+    t.access(&mut p, a, MS, MS);
+    t.access(&mut p, b, MS, MS);
+    t.access(&mut p, b, MS, MS);
+    // a was read once: below the threshold, evicted from S into the ghost; b (read twice)
+    // would move to M, but the run already has its victim.
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [a.0]);
+    assert!(p.in_ghost(hash_a));
+    assert_eq!(p.dump(), (vec![b], vec![]));
+    // Next run: b moves to M (frequency cleared), S is then empty, so M's tail goes: b.
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [b.0]);
+    p.check(&t.metas).unwrap();
+}
+
+#[test]
+fn s3fifo_ghost_hit_frees_its_bytes_so_the_ghost_keeps_its_full_share() {
+    let mut p = S3Fifo::new(&S3FifoConfig::default()).unwrap();
+    let mut t = Table::new(100); // ghost: 90 bytes = 9 keys of 10 bytes
+    let h = s3fifo_fill_ghost(&mut p, &mut t, 9);
+    assert_eq!(p.ghost_bytes(), 90);
+    // h[4] comes back: a ghost hit, into M; its 10 bytes leave the ghost at once.
+    let mut m = meta(10, GEN, 0);
+    m.key_hash = h[4];
+    let back = t.insert(&mut p, m);
+    assert_eq!(p.dump(), (vec![], vec![back]));
+    assert!(!p.in_ghost(h[4]));
+    assert_eq!(p.ghost_bytes(), 80);
+    // One more key into the ghost: 8 live keys + 1 fit in 90 bytes, so the oldest stays
+    // (with the hit's bytes still counted, h[0] would be pushed out here).
+    let new = s3fifo_fill_ghost(&mut p, &mut t, 1);
+    assert!(p.in_ghost(h[0]) && p.in_ghost(new[0]));
+    assert_eq!(p.ghost_bytes(), 90);
+    // The tenth key pushes out the oldest live one, h[0]; the stale h[4] entry counts nothing.
+    s3fifo_fill_ghost(&mut p, &mut t, 1);
+    assert!(!p.in_ghost(h[0]) && p.in_ghost(h[1]));
+    assert_eq!(p.ghost_bytes(), 90);
+    p.check(&t.metas).unwrap();
+}
+
+#[test]
+fn s3fifo_lookup_miss_decides_the_ghost_hit_before_the_evictions_that_make_room() {
+    for early in [false, true] {
+        let mut p = S3Fifo::new(&S3FifoConfig::default()).unwrap();
+        let mut t = Table::new(100);
+        let h = s3fifo_fill_ghost(&mut p, &mut t, 9);
+        let x = t.insert(&mut p, meta(10, GEN, 0));
+        if early {
+            // libCacheSim's order: the lookup of h[0] misses and takes it from the ghost ...
+            p.on_lookup_miss(h[0]);
+        }
+        // ... then making room evicts x into the ghost, which would push h[0] out.
+        assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [x.0]);
+        let mut m = meta(10, GEN, 0);
+        m.key_hash = h[0];
+        let back = t.insert(&mut p, m);
+        let want = if early {
+            (vec![], vec![back])
+        } else {
+            (vec![back], vec![])
+        };
+        assert_eq!(p.dump(), want, "early lookup: {early}");
+        p.check(&t.metas).unwrap();
+    }
+}
+
+#[test]
+fn s3fifo_warm_up_fills_main_once_small_is_full_only_before_the_first_eviction() {
+    for announce in [false, true] {
+        let mut p = S3Fifo::new(&S3FifoConfig::default()).unwrap();
+        if announce {
+            p.on_capacity(100); // small queue: 10 bytes
+        }
+        let mut t = Table::new(100);
+        let a = t.insert(&mut p, meta(10, GEN, 0));
+        let b = t.insert(&mut p, meta(10, GEN, 0));
+        let want = if announce {
+            // libCacheSim's S3FIFO.c: S is full, nothing evicted yet, so b goes to M.
+            (vec![a], vec![b])
+        } else {
+            // `MemStore` never announces: the paper's warm-up, everything into S.
+            (vec![b, a], vec![])
+        };
+        assert_eq!(p.dump(), want, "announced: {announce}");
+        assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [a.0]);
+        // After the first eviction, new objects go to S whatever its fill.
+        let c = t.insert(&mut p, meta(10, GEN, 0));
+        let d = t.insert(&mut p, meta(10, GEN, 0));
+        assert_eq!(p.dump().0[..2], [d, c]);
+        p.check(&t.metas).unwrap();
+    }
+}
+
+// ---------------------------------------------------------------- sieve
+
+#[test]
+fn sieve_hand_clears_visited_bits_and_stays_where_it_evicted() {
+    let mut p = Sieve::new();
+    let mut t = Table::new(1000);
+    for _ in 0..5 {
+        t.insert(&mut p, meta(10, GEN, 0)); // 0..=4, 0 oldest
+    }
+    t.access(&mut p, ObjId(0), MS, MS);
+    t.access(&mut p, ObjId(1), MS, MS);
+    t.access(&mut p, ObjId(3), MS, MS);
+    // From the tail: 0 and 1 visited (bits cleared, kept in place), 2 goes; the hand rests
+    // on 3.
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [2]);
+    assert_eq!(p.hand(), Some(ObjId(3)));
+    // From the hand, not the tail: 3 visited (cleared), 4 goes; the hand wraps to the tail.
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [4]);
+    assert_eq!(p.hand(), None);
+    // 0 and 1 lost their bits on the first pass: the oldest goes now, then the next.
+    assert_eq!(t.evict(&mut p, &t.req(MS, 2, 2)), [0, 1]);
+    // A new object goes in at the head; nothing moved on a hit.
+    let n = t.insert(&mut p, meta(10, GEN, 0));
+    t.access(&mut p, n, MS, MS);
+    assert_eq!(p.dump(), [(n, true), (ObjId(3), false)]);
+    p.check(&t.metas).unwrap();
+}
+
+#[test]
+fn sieve_passes_leased_objects_and_a_removed_hand_moves_to_the_newer_one() {
+    let mut p = Sieve::new();
+    let mut t = Table::new(1000);
+    t.insert(&mut p, meta(10, GEN, 500 * MS)); // 0: leased until 500 ms
+    for _ in 0..3 {
+        t.insert(&mut p, meta(10, GEN, 0)); // 1..=3
+    }
+    // 0 is leased: passed, not evicted; 1 goes, the hand rests on 2.
+    assert_eq!(t.evict(&mut p, &t.req(100 * MS, 1, 1)), [1]);
+    assert_eq!(p.hand(), Some(ObjId(2)));
+    // A user remove of the object under the hand moves the hand to its newer neighbour.
+    t.remove(&mut p, ObjId(2));
+    assert_eq!(p.hand(), Some(ObjId(3)));
+    assert_eq!(t.evict(&mut p, &t.req(100 * MS, 1, 1)), [3]);
+    // Only the leased object is left: nothing to evict until its lease ends.
+    assert_eq!(t.evict(&mut p, &t.req(100 * MS, 1, 1)), Vec::<u32>::new());
+    assert_eq!(t.evict(&mut p, &t.req(500 * MS, 1, 1)), [0]);
+    p.check(&t.metas).unwrap();
+}
+
+// ---------------------------------------------------------------- w-tinylfu
+
+#[test]
+fn wtinylfu_window_moves_to_main_then_the_sketch_decides_admission() {
+    // 10 objects of 1 byte: window 10% = 1, main 9 (protected 7).
+    let cfg = WTinyLfuConfig {
+        window_ratio: 0.1,
+        ..WTinyLfuConfig::default()
+    };
+    let mut p = WTinyLfu::new(&cfg).unwrap();
+    p.on_capacity(10);
+    let mut t = Table::new(10);
+    let x: Vec<ObjId> = (0..10).map(|_| t.insert(&mut p, meta(1, GEN, 0))).collect();
+    let h = |t: &Table, id: ObjId| t.metas[id.index()].key_hash;
+    // Main has room for x0..x8, which move to probation; then x9 (estimate 1: its insert)
+    // meets main's victim x0 (2: insert + once a window victim): not higher, x9 goes.
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [x[9].0]);
+    let probation: Vec<ObjId> = x[..9].iter().rev().copied().collect();
+    assert_eq!(p.dump(), [vec![], probation, vec![]]);
+    assert_eq!((p.estimate(h(&t, x[0])), p.estimate(h(&t, x[9]))), (2, 2));
+    // A hit in probation promotes to protected (and counts).
+    t.access(&mut p, x[1], MS, MS);
+    assert_eq!(p.dump()[2], [x[1]]);
+    // z comes, is refused (1 vs x0's 2) and counted as a window victim (2); it comes
+    // back (3 > 2): admitted to probation, and main's victim x0 goes.
+    let mut zm = meta(1, GEN, 0);
+    zm.key_hash = 0x2A;
+    let z = t.insert(&mut p, zm.clone());
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [z.0]);
+    assert_eq!(p.estimate(0x2A), 2);
+    let z = t.insert(&mut p, zm);
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [x[0].0]);
+    assert_eq!(p.dump()[1][0], z);
+    p.check(&t.metas).unwrap();
+}
+
+#[test]
+fn wtinylfu_a_tie_keeps_main_victim_and_evicts_the_candidate() {
+    let cfg = WTinyLfuConfig {
+        window_ratio: 0.1,
+        ..WTinyLfuConfig::default()
+    };
+    let mut p = WTinyLfu::new(&cfg).unwrap();
+    p.on_capacity(10);
+    let mut t = Table::new(10);
+    let x: Vec<ObjId> = (0..10).map(|_| t.insert(&mut p, meta(1, GEN, 0))).collect();
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [x[9].0]);
+    // A candidate sharing main's victim's key hash has exactly its estimate: a tie, which
+    // admission (strictly higher) refuses.
+    let mut m = meta(1, GEN, 0);
+    m.key_hash = t.metas[x[0].index()].key_hash;
+    let y = t.insert(&mut p, m);
+    assert_eq!(p.estimate(t.metas[y.index()].key_hash), 3);
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [y.0]);
 }
 
 // ---------------------------------------------------------------- gdsf
@@ -479,6 +701,8 @@ fn all_configs() -> Vec<PolicyConfig> {
         PolicyConfig::Lru {},
         PolicyConfig::Fifo {},
         PolicyConfig::S3Fifo(S3FifoConfig::default()),
+        PolicyConfig::Sieve {},
+        PolicyConfig::WTinyLfu(WTinyLfuConfig::default()),
         PolicyConfig::Gdsf {},
         PolicyConfig::Belady {},
         PolicyConfig::BeladyCost {},

@@ -7,8 +7,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
 use moonagent_sim::replay::{
-    min_bound, replay_grid, sizes_for_model, CompileOptions, Compiled, Include, LabelledPolicy,
-    LinearCost, MissCost, ModelCost, PolicyResult, TypeResult,
+    min_bound, replay_grid, replay_plain_grid, sizes_for_model, CapacityUnit, CompileOptions,
+    Compiled, Include, LabelledPolicy, LinearCost, MissCost, ModelCost, PlainConfig, PolicyResult,
+    TypeResult,
 };
 use moonagent_sim::table::{Column, Table};
 use moonagent_traces::TraceReader;
@@ -16,18 +17,56 @@ use serde::Serialize;
 
 use super::util::{human_bytes, parse_bytes, pct, print_table, read_config};
 
+/// Which cache semantics the replay runs.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheModel {
+    /// Mooncake master's store (`MemStore`): leases, watermark eviction on the 10 ms tick,
+    /// batch eviction, failed puts, the KV prefix rule.
+    Mooncake,
+    /// libCacheSim's cache: evict before insert, every access a lookup, no leases
+    /// (`moonagent_sim::replay::plain`).
+    Plain,
+}
+
+/// The trace file's format.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// By name: `*.oracleGeneral` / `*.oracleGeneral.bin` are oracle-general, else moonagent.
+    Auto,
+    /// moonagent's trace schema (.jsonl or .parquet).
+    Moonagent,
+    /// libCacheSim's binary `oracleGeneral` (24-byte records).
+    OracleGeneral,
+    /// Mooncake's FAST'25 JSONL, flattened to its KV blocks (512 tokens each, whole blocks
+    /// of Qwen2.5-VL-7B KV bytes, H200 miss costs), as `repro mooncake-capacity` reads it.
+    Mooncake,
+}
+
 /// Arguments of `moonagent replay`.
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
-    /// Trace file (.jsonl or .parquet) in moonagent's trace schema.
+    /// Trace file (.jsonl or .parquet) in moonagent's trace schema, or see --trace-format.
     #[arg(long)]
     pub trace: PathBuf,
+    /// The trace's format.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub trace_format: TraceFormat,
+    /// Cache semantics: `mooncake` (the store, default) or `plain` (libCacheSim-compatible:
+    /// evict before insert, per-access counting, no leases or watermarks).
+    #[arg(long, value_enum, default_value = "mooncake")]
+    pub cache_model: CacheModel,
+    /// What --capacity counts in the plain model: `bytes`, or `objects` (every object
+    /// weighs 1; a percentage is of the trace's distinct objects).
+    #[arg(long, value_enum, default_value = "bytes")]
+    pub capacity_unit: CapacityUnitArg,
     /// Store capacity: bytes (`64GiB`, `1e9`) or a share of the trace's unique bytes (`30%`).
     /// Repeat or comma-separate for a capacity sweep.
     #[arg(long, required = true, value_delimiter = ',')]
     pub capacity: Vec<String>,
     /// A policy by name with default settings (mooncake-default, type-aware, lru, fifo,
-    /// s3-fifo, gdsf, belady, belady-cost). Repeatable or comma-separated.
+    /// s3-fifo, sieve, w-tinylfu, gdsf, belady, belady-cost; the list is
+    /// `PolicyConfig::NAMES`, and an unknown name prints it). Repeatable or comma-separated.
     #[arg(long = "policy", value_delimiter = ',')]
     pub policies: Vec<String>,
     /// A policy configuration file (TOML or JSON, `policy = "type-aware"` ...), labelled by
@@ -56,6 +95,9 @@ pub struct ReplayArgs {
     /// Fixed linear miss penalties instead (TOML or JSON `LinearCost`).
     #[arg(long)]
     pub cost: Option<PathBuf>,
+    /// Skip Belady's MIN bound per capacity (it costs a pass over the trace per capacity).
+    #[arg(long)]
+    pub no_min_bound: bool,
     /// Write every result: `.json` (full report), `.parquet` or `.csv` (one row per
     /// capacity, policy and data type).
     #[arg(long)]
@@ -65,11 +107,24 @@ pub struct ReplayArgs {
     pub plot: Option<PathBuf>,
 }
 
+/// `--capacity-unit`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapacityUnitArg {
+    /// Bytes.
+    Bytes,
+    /// Objects (plain model only).
+    Objects,
+}
+
 /// Everything a replay run reports, as written by `--out x.json`.
 #[derive(Serialize)]
 pub struct ReplayReport {
     /// Trace path.
     pub trace: String,
+    /// The cache model replayed.
+    pub cache_model: CacheModel,
+    /// What `capacity_bytes` counts: bytes, or objects (plain model, `--capacity-unit objects`).
+    pub capacity_unit: CapacityUnit,
     /// Requests replayed.
     pub requests: u64,
     /// Store accesses replayed per policy.
@@ -83,7 +138,7 @@ pub struct ReplayReport {
 /// All policies at one capacity.
 #[derive(Serialize)]
 pub struct CapacityRun {
-    /// Capacity in bytes.
+    /// Capacity in bytes (in objects with `--capacity-unit objects`).
     pub capacity_bytes: u64,
     /// One result per policy, in the order given.
     pub results: Vec<PolicyResult>,
@@ -166,6 +221,19 @@ pub fn min_bounds(c: &Compiled, capacity: u64) -> BTreeMap<String, (u64, u64)> {
         .collect()
 }
 
+/// Belady's MIN on `k` unit objects, when the replay holds one data type.
+pub fn min_bounds_objects(c: &Compiled, k: u64) -> BTreeMap<String, (u64, u64)> {
+    let unique = c.unique_objects();
+    let present: Vec<DataType> = DataType::ALL
+        .into_iter()
+        .filter(|t| unique[t.index()] > 0)
+        .collect();
+    match present[..] {
+        [t] => BTreeMap::from([(t.name().to_string(), min_bound(c, t, k))]),
+        _ => BTreeMap::new(),
+    }
+}
+
 fn rows_of(results: &[PolicyResult]) -> Vec<(&str, &str, &TypeResult)> {
     let mut v = Vec::new();
     for r in results {
@@ -180,12 +248,15 @@ fn rows_of(results: &[PolicyResult]) -> Vec<(&str, &str, &TypeResult)> {
 }
 
 /// Print one capacity's results as a table (one row per policy and data type).
-pub fn print_results(run: &CapacityRun) {
-    println!(
-        "\ncapacity {} ({} B)",
-        human_bytes(run.capacity_bytes),
-        run.capacity_bytes
-    );
+pub fn print_results(run: &CapacityRun, unit: CapacityUnit) {
+    match unit {
+        CapacityUnit::Bytes => println!(
+            "\ncapacity {} ({} B)",
+            human_bytes(run.capacity_bytes),
+            run.capacity_bytes
+        ),
+        CapacityUnit::Objects => println!("\ncapacity {} objects", run.capacity_bytes),
+    }
     let mut rows = vec![vec![
         "policy".to_string(),
         "type".into(),
@@ -195,6 +266,8 @@ pub fn print_results(run: &CapacityRun) {
         "saving-time %".into(),
         "evicted".into(),
         "no-space puts".into(),
+        "hits".into(),
+        "lookups".into(),
     ]];
     for (label, t, x) in rows_of(&run.results) {
         rows.push(vec![
@@ -206,6 +279,8 @@ pub fn print_results(run: &CapacityRun) {
             pct(x.saving_time_rate()),
             x.evicted.to_string(),
             x.puts_no_space.to_string(),
+            x.hits.to_string(),
+            x.lookups.to_string(),
         ]);
     }
     for (t, (h, n)) in &run.min_bound {
@@ -218,6 +293,8 @@ pub fn print_results(run: &CapacityRun) {
             "-".into(),
             "-".into(),
             "-".into(),
+            h.to_string(),
+            n.to_string(),
         ]);
     }
     print_table(&rows);
@@ -374,22 +451,60 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             );
         }
     }
-    let reader = TraceReader::open(&args.trace)
-        .with_context(|| format!("opening trace {}", args.trace.display()))?;
-    let opts = CompileOptions {
-        block_size: reader.header().block_size_tokens,
-        sizes,
-        include: Include {
-            images: !args.kv_only,
-            kv: !args.images_only,
-        },
-        kv_full_blocks: args.kv_full_blocks,
+    let objects = args.capacity_unit == CapacityUnitArg::Objects;
+    if objects && args.cache_model != CacheModel::Plain {
+        bail!("--capacity-unit objects: needs --cache-model plain");
+    }
+    let format = match args.trace_format {
+        TraceFormat::Auto => {
+            let name = args.trace.to_string_lossy();
+            if name.ends_with(".oracleGeneral") || name.ends_with(".oracleGeneral.bin") {
+                TraceFormat::OracleGeneral
+            } else {
+                TraceFormat::Moonagent
+            }
+        }
+        f => f,
     };
-    let compiled = Compiled::compile(reader, &opts, cost.as_ref())
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.trace.display()))?;
+    // Wall-clock phase times go to stderr only (never into results).
+    let t_load = std::time::Instant::now();
+    let compiled = match format {
+        TraceFormat::OracleGeneral => Compiled::from_oracle_general(&args.trace)
+            .map_err(|e| anyhow::anyhow!("--trace {}: {e}", args.trace.display()))?,
+        TraceFormat::Mooncake => {
+            Compiled::mooncake_kv(&args.trace).map_err(|e| anyhow::anyhow!("--trace: {e}"))?
+        }
+        _ => {
+            let reader = TraceReader::open(&args.trace)
+                .with_context(|| format!("opening trace {}", args.trace.display()))?;
+            let opts = CompileOptions {
+                block_size: reader.header().block_size_tokens,
+                sizes,
+                include: Include {
+                    images: !args.kv_only,
+                    kv: !args.images_only,
+                },
+                kv_full_blocks: args.kv_full_blocks,
+            };
+            Compiled::compile(reader, &opts, cost.as_ref())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", args.trace.display()))?
+        }
+    };
     let unique = compiled.unique_bytes();
     let unique_total: u64 = unique.iter().sum();
-    let caps = capacities(&args.capacity, unique_total)?;
+    let unit = if objects {
+        CapacityUnit::Objects
+    } else {
+        CapacityUnit::Bytes
+    };
+    let caps = capacities(
+        &args.capacity,
+        if objects {
+            u64::from(compiled.distinct)
+        } else {
+            unique_total
+        },
+    )?;
     eprintln!(
         "{}: {} requests, {} accesses, unique {} ({} policies x {} capacities, {} threads)",
         args.trace.display(),
@@ -400,16 +515,36 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         caps.len(),
         rayon::current_num_threads()
     );
-    let cfgs: Vec<MemStoreConfig> = caps
-        .iter()
-        .map(|&c| MemStoreConfig {
-            capacity_bytes: c,
-            ..base.clone()
-        })
-        .collect();
-    let grid = replay_grid(&compiled, &cfgs, &pols).map_err(anyhow::Error::msg)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let t_replay = std::time::Instant::now();
+    let grid = match args.cache_model {
+        CacheModel::Mooncake => {
+            let cfgs: Vec<MemStoreConfig> = caps
+                .iter()
+                .map(|&c| MemStoreConfig {
+                    capacity_bytes: c,
+                    ..base.clone()
+                })
+                .collect();
+            replay_grid(&compiled, &cfgs, &pols)
+        }
+        CacheModel::Plain => {
+            let cfgs: Vec<PlainConfig> = caps
+                .iter()
+                .map(|&capacity| PlainConfig { capacity, unit })
+                .collect();
+            replay_plain_grid(&compiled, &cfgs, &pols)
+        }
+    }
+    .map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "timing: trace read and compiled in {load_s:.3} s, replayed in {:.3} s",
+        t_replay.elapsed().as_secs_f64()
+    );
     let mut report = ReplayReport {
         trace: args.trace.display().to_string(),
+        cache_model: args.cache_model,
+        capacity_unit: unit,
         requests: compiled.requests,
         accesses: compiled.accesses.len() as u64,
         unique_bytes: DataType::ALL
@@ -421,10 +556,14 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     for (capacity_bytes, results) in caps.into_iter().zip(grid) {
         let run = CapacityRun {
             capacity_bytes,
-            min_bound: min_bounds(&compiled, capacity_bytes),
+            min_bound: match unit {
+                _ if args.no_min_bound => BTreeMap::new(),
+                CapacityUnit::Bytes => min_bounds(&compiled, capacity_bytes),
+                CapacityUnit::Objects => min_bounds_objects(&compiled, capacity_bytes),
+            },
             results,
         };
-        print_results(&run);
+        print_results(&run, unit);
         report.runs.push(run);
     }
     if let Some(out) = &args.out {

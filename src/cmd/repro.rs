@@ -266,6 +266,7 @@ fn capacity_policies() -> Vec<LabelledPolicy> {
         PolicyConfig::Lru {},
         PolicyConfig::Fifo {},
         PolicyConfig::S3Fifo(Default::default()),
+        PolicyConfig::Sieve {},
         PolicyConfig::Gdsf {},
     ]
     .into_iter()

@@ -23,6 +23,7 @@ pub use key::{OtherKey, StoreKey, StrKey, KV_PREFIX, MM_BLOB_PREFIX, MM_META_PRE
 pub use mem::{MemStore, MemStoreConfig, ObjId, StoreStats, TypeStats};
 pub use policy::{
     Candidate, EvictRequest, EvictionPolicy, MooncakeDefault, ObjectMeta, PolicyConfig,
+    PolicyNameError,
 };
 pub use recorded::{OpKind, Recorded, StoreOp};
 

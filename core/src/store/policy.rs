@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::policies::{
     Belady, BeladyCost, Fifo, Gdsf, Hierarchical, HierarchicalConfig, Lru, Ranked, S3Fifo,
-    S3FifoConfig, TypeAware, TypeAwareConfig,
+    S3FifoConfig, Sieve, TypeAware, TypeAwareConfig, WTinyLfu, WTinyLfuConfig,
 };
 use super::{AccessHints, DataType, Nanos, ObjId};
 
@@ -115,6 +115,15 @@ pub trait EvictionPolicy: Send + Debug {
     fn on_insert(&mut self, _id: ObjId, _meta: &ObjectMeta) {}
     /// A lease-granting read hit the object (its meta already updated).
     fn on_access(&mut self, _id: ObjId, _meta: &ObjectMeta) {}
+    /// A lookup of a key that is not resident, before any eviction that makes room for it
+    /// (libCacheSim's `find` on a miss): policies with a history of evicted keys
+    /// (S3-FIFO's ghost) may consult it here. Optional: `MemStore` does not call it, and a
+    /// policy must behave sensibly when it is never called.
+    fn on_lookup_miss(&mut self, _key_hash: u64) {}
+    /// The cache's capacity, announced once by a driver before the first insert (the
+    /// plain replay does; `MemStore` does not, so a policy learns it from the first
+    /// [`EvictRequest`] there). Policies that size queues before any eviction read it.
+    fn on_capacity(&mut self, _capacity_bytes: u64) {}
     /// The slot is about to be freed (evicted, removed or revoked).
     fn on_remove(&mut self, _id: ObjId, _meta: &ObjectMeta) {}
     /// Push victims for `req` onto `out` (each at most once). `objects` is indexed by `ObjId`.
@@ -168,8 +177,12 @@ impl EvictionPolicy for MooncakeDefault {
 
 /// A policy by name with its settings: serde's internally tagged form,
 /// `{"policy": "<name>", <settings>...}` in JSON or `policy = "<name>"` at the top of a TOML
-/// document. Unknown fields are errors everywhere. `build` is the one place that maps
-/// names to types, and says which field is invalid (by its path) when one is.
+/// document. Unknown fields are errors everywhere. This enum is the one home of the
+/// policy names: serde maps names to variants, [`PolicyConfig::NAMES`] lists them (checked
+/// against serde by a test), [`PolicyConfig::by_name`] builds one with default settings,
+/// and `build` maps variants to types, saying which field is invalid (by its path) when one
+/// is. Adding a policy touches this enum, `NAMES`, `build` and `name` only; the replay, the
+/// CLI and the sweeps take their names from here.
 ///
 /// ```
 /// use moonagent_core::store::PolicyConfig;
@@ -199,12 +212,46 @@ pub enum PolicyConfig {
     Fifo {},
     /// S3-FIFO, SOSP'23 ([`s3fifo`](crate::store::policies::s3fifo)).
     S3Fifo(S3FifoConfig),
+    /// SIEVE, NSDI'24 ([`sieve`](crate::store::policies::sieve)).
+    Sieve {},
+    /// W-TinyLFU, Caffeine's ([`wtinylfu`](crate::store::policies::wtinylfu)).
+    #[serde(rename = "w-tinylfu")]
+    WTinyLfu(WTinyLfuConfig),
     /// GreedyDual-Size-Frequency with cost = miss penalty ([`gdsf`](crate::store::policies::gdsf)).
     Gdsf {},
     /// Offline: Belady's MIN from next-access hints ([`belady`](crate::store::policies::belady)).
     Belady {},
     /// Offline: cost-aware oracle heuristic ([`belady_cost`](crate::store::policies::belady_cost)).
     BeladyCost {},
+}
+
+/// Why [`PolicyConfig::by_name`] could not give a policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyNameError {
+    /// Not a policy name.
+    #[error("unknown policy {name:?}; expected one of {known}")]
+    Unknown {
+        /// The name given.
+        name: String,
+        /// Every known name, comma-separated.
+        known: String,
+    },
+    /// A policy with required settings and no defaults.
+    #[error("policy {name:?} needs settings (give it a config file, `policy = \"{name}\"` ...): {reason}")]
+    NeedsSettings {
+        /// The name given.
+        name: String,
+        /// What serde found missing.
+        reason: String,
+    },
+    /// Default settings that do not validate (a defect of the defaults).
+    #[error("policy {name:?}: {reason}")]
+    Invalid {
+        /// The name given.
+        name: String,
+        /// The failed check.
+        reason: String,
+    },
 }
 
 impl Default for PolicyConfig {
@@ -214,6 +261,45 @@ impl Default for PolicyConfig {
 }
 
 impl PolicyConfig {
+    /// Every policy name, in the enum's order (`name()` of each variant; a test checks
+    /// that serde knows exactly these).
+    pub const NAMES: [&'static str; 11] = [
+        "mooncake-default",
+        "type-aware",
+        "hierarchical",
+        "lru",
+        "fifo",
+        "s3-fifo",
+        "sieve",
+        "w-tinylfu",
+        "gdsf",
+        "belady",
+        "belady-cost",
+    ];
+
+    /// A policy by name with its default settings, or an error listing the known names
+    /// (`hierarchical` has no default tree: it needs a config file).
+    pub fn by_name(name: &str) -> Result<Self, PolicyNameError> {
+        if !Self::NAMES.contains(&name) {
+            return Err(PolicyNameError::Unknown {
+                name: name.to_string(),
+                known: Self::NAMES.join(", "),
+            });
+        }
+        let p: Self =
+            serde_json::from_value(serde_json::json!({ "policy": name })).map_err(|e| {
+                PolicyNameError::NeedsSettings {
+                    name: name.to_string(),
+                    reason: e.to_string(),
+                }
+            })?;
+        p.validate().map_err(|reason| PolicyNameError::Invalid {
+            name: name.to_string(),
+            reason,
+        })?;
+        Ok(p)
+    }
+
     /// Build the configured policy, or say which setting is invalid.
     pub fn build(&self) -> Result<Box<dyn EvictionPolicy>, String> {
         Ok(match self {
@@ -223,6 +309,8 @@ impl PolicyConfig {
             PolicyConfig::Lru {} => Box::new(Lru::new()),
             PolicyConfig::Fifo {} => Box::new(Fifo::new()),
             PolicyConfig::S3Fifo(c) => Box::new(S3Fifo::new(c)?),
+            PolicyConfig::Sieve {} => Box::new(Sieve::new()),
+            PolicyConfig::WTinyLfu(c) => Box::new(WTinyLfu::new(c)?),
             PolicyConfig::Gdsf {} => Box::new(Gdsf::new()),
             PolicyConfig::Belady {} => Box::new(Belady::new()),
             PolicyConfig::BeladyCost {} => Box::new(BeladyCost::new()),
@@ -238,6 +326,8 @@ impl PolicyConfig {
             PolicyConfig::Lru {} => "lru",
             PolicyConfig::Fifo {} => "fifo",
             PolicyConfig::S3Fifo(_) => "s3-fifo",
+            PolicyConfig::Sieve {} => "sieve",
+            PolicyConfig::WTinyLfu(_) => "w-tinylfu",
             PolicyConfig::Gdsf {} => "gdsf",
             PolicyConfig::Belady {} => "belady",
             PolicyConfig::BeladyCost {} => "belady-cost",

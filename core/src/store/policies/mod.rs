@@ -1,5 +1,5 @@
 //! Eviction policies beyond `mooncake-default` (issue 5): seed 002's type-aware and
-//! hierarchical policies, the classic online baselines (LRU, FIFO, S3-FIFO, GDSF) and two
+//! hierarchical policies, the classic online baselines (LRU, FIFO, S3-FIFO, SIEVE, W-TinyLFU, GDSF) and two
 //! offline references (Belady and a cost-aware oracle), each behind
 //! [`EvictionPolicy`](super::policy::EvictionPolicy) and built from
 //! [`PolicyConfig`](super::policy::PolicyConfig).
@@ -14,7 +14,7 @@
 //!
 //! Shared pieces live here: [`RankKey`] (a total order for ranked policies), the ranked
 //! two-pass selection used by the scanning policies, and an intrusive queue over `ObjId`
-//! slots used by the queue policies (LRU, FIFO, S3-FIFO), whose hooks are O(1).
+//! slots used by the queue policies (LRU, FIFO, S3-FIFO, SIEVE), whose hooks are O(1).
 
 pub mod belady;
 pub mod belady_cost;
@@ -23,7 +23,9 @@ pub mod gdsf;
 pub mod hierarchical;
 pub mod lru;
 pub mod s3fifo;
+pub mod sieve;
 pub mod type_aware;
+pub mod wtinylfu;
 
 use std::cmp::Ordering;
 
@@ -37,7 +39,9 @@ pub use gdsf::Gdsf;
 pub use hierarchical::{Assign, Hierarchical, HierarchicalConfig, LeafRule, ScopeConfig, Selector};
 pub use lru::Lru;
 pub use s3fifo::{S3Fifo, S3FifoConfig};
+pub use sieve::Sieve;
 pub use type_aware::{TypeAware, TypeAwareConfig, TypeKnobs, TypeKnobsByType};
+pub use wtinylfu::{WTinyLfu, WTinyLfuConfig};
 
 /// A total order over candidates for ranked policies: the smallest key is evicted first.
 /// Compared field by field, `a` by `f64::total_cmp` (callers never produce NaN).

@@ -1,6 +1,7 @@
 //! `s3-fifo`: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
 //! SOSP'23), with libCacheSim's defaults (small queue 10% of the bytes, ghost 90%,
-//! move-to-main threshold 1).
+//! move-to-main threshold 2: `S3FIFO.c`'s `DEFAULT_CACHE_PARAMS` in every libCacheSim
+//! version).
 //!
 //! Three queues: a small FIFO `S` for new objects, a main FIFO `M` with 2-bit-clock
 //! reinsertion, and a ghost FIFO `G` of key hashes recently evicted from `S`. A put whose
@@ -23,6 +24,16 @@
 //! user `remove` never feeds the ghost. The ghost holds key hashes (`ObjectMeta::key_hash`),
 //! never `ObjId`s, so slot reuse cannot fake a ghost hit; each slot's frequency is reset by
 //! `on_insert`. Hooks are O(1) (the ghost is a hash map plus a FIFO).
+//!
+//! The ghost holds at most `ghost_ratio` of the capacity in *live* entries: a ghost hit
+//! takes the key out and frees its bytes at once, as libCacheSim's ghost FIFO does (its
+//! `remove`); the entry's stale slot in the FIFO is skipped, never counted, when it pops.
+//! (Until issue 15 the bytes stayed counted until the stale entry popped, so the live
+//! ghost was smaller than configured.) A driver that sees lookups may call
+//! [`EvictionPolicy::on_lookup_miss`] before evicting for the insertion, as libCacheSim's
+//! `find` does: the ghost hit is then decided before the evictions that make room can push
+//! the key out of the ghost. `MemStore` does not call it (the hit is decided at
+//! `on_insert`); the plain replay (`moonagent replay --cache-model plain`) does.
 
 use std::collections::VecDeque;
 
@@ -41,7 +52,8 @@ pub struct S3FifoConfig {
     pub small_ratio: f64,
     /// Ghost size as a share of the capacity (bytes), in [0, 1] (0.9).
     pub ghost_ratio: f64,
-    /// Reads (since insertion) that move an object from the small queue to main (1).
+    /// Reads (since insertion) that move an object from the small queue to main (2, as
+    /// libCacheSim).
     pub move_threshold: u8,
 }
 
@@ -50,7 +62,7 @@ impl Default for S3FifoConfig {
         Self {
             small_ratio: 0.1,
             ghost_ratio: 0.9,
-            move_threshold: 1,
+            move_threshold: 2,
         }
     }
 }
@@ -87,9 +99,17 @@ pub struct S3Fifo {
     small: Queue,
     main: Queue,
     slots: Vec<Slot>,
-    ghost: VecDeque<(u64, u64, u64)>,
-    ghost_map: FxHashMap<u64, u64>,
+    ghost: VecDeque<(u64, u64)>,
+    /// Live ghost entries: key hash -> (sequence of its FIFO entry, bytes).
+    ghost_map: FxHashMap<u64, (u64, u64)>,
+    /// Bytes of the live ghost entries only.
     ghost_bytes: u64,
+    /// A key found in the ghost by `on_lookup_miss`, not inserted yet.
+    ghost_hit: Option<u64>,
+    /// Whether an eviction run has happened (libCacheSim's warm-up rule ends with it).
+    has_evicted: bool,
+    /// The capacity announced by `on_capacity` (0: not announced).
+    announced: u64,
     ghost_seq: u64,
     capacity: u64,
     planned: Vec<ObjId>,
@@ -120,6 +140,9 @@ impl S3Fifo {
             ghost: VecDeque::new(),
             ghost_map: FxHashMap::default(),
             ghost_bytes: 0,
+            ghost_hit: None,
+            has_evicted: false,
+            announced: 0,
             ghost_seq: 0,
             capacity: 0,
             planned: Vec::new(),
@@ -150,6 +173,11 @@ impl S3Fifo {
     /// Whether `key_hash` is in the ghost queue.
     pub fn in_ghost(&self, key_hash: u64) -> bool {
         self.ghost_map.contains_key(&key_hash)
+    }
+
+    /// Bytes of the live ghost entries (at most `ghost_ratio` of the capacity).
+    pub fn ghost_bytes(&self) -> u64 {
+        self.ghost_bytes
     }
 
     /// Check that the queues hold exactly the live objects with their sizes, and that the
@@ -195,23 +223,46 @@ impl S3Fifo {
         if self.ghost_map.len() > self.ghost.len() {
             return Err("ghost map larger than the ghost queue".into());
         }
+        let live: u64 = self.ghost_map.values().map(|&(_, b)| b).sum();
+        if live != self.ghost_bytes {
+            return Err(format!(
+                "ghost bytes {} but live entries hold {live}",
+                self.ghost_bytes
+            ));
+        }
         Ok(())
     }
 
     fn ghost_insert(&mut self, hash: u64, size: u64) {
         self.ghost_seq += 1;
-        self.ghost.push_back((hash, size, self.ghost_seq));
-        self.ghost_map.insert(hash, self.ghost_seq);
+        self.ghost.push_back((hash, self.ghost_seq));
+        if let Some((_, old)) = self.ghost_map.insert(hash, (self.ghost_seq, size)) {
+            self.ghost_bytes -= old;
+        }
         self.ghost_bytes += size;
         let cap = (self.cfg.ghost_ratio * self.capacity as f64) as u64;
         while self.ghost_bytes > cap {
-            let Some((h, s, seq)) = self.ghost.pop_front() else {
+            let Some((h, seq)) = self.ghost.pop_front() else {
                 break;
             };
-            self.ghost_bytes -= s;
-            if self.ghost_map.get(&h) == Some(&seq) {
-                self.ghost_map.remove(&h);
+            // A stale entry (its key was hit or re-ghosted since) holds no bytes.
+            if let Some(&(s, b)) = self.ghost_map.get(&h) {
+                if s == seq {
+                    self.ghost_map.remove(&h);
+                    self.ghost_bytes -= b;
+                }
             }
+        }
+    }
+
+    /// Take `hash` out of the ghost, freeing its bytes; whether it was there.
+    fn ghost_take(&mut self, hash: u64) -> bool {
+        match self.ghost_map.remove(&hash) {
+            Some((_, b)) => {
+                self.ghost_bytes -= b;
+                true
+            }
+            None => false,
         }
     }
 
@@ -335,11 +386,24 @@ impl EvictionPolicy for S3Fifo {
             planned: Planned::No,
             size: meta.size,
         };
-        if self.ghost_map.remove(&meta.key_hash).is_some() {
+        let noted = self.ghost_hit.take() == Some(meta.key_hash);
+        let small_full = !self.has_evicted
+            && self.announced > 0
+            && self.small.bytes >= (self.cfg.small_ratio * self.announced as f64) as u64;
+        if noted || self.ghost_take(meta.key_hash) || small_full {
             self.main.push_head(&mut self.links, id, meta.size);
         } else {
             self.small.push_head(&mut self.links, id, meta.size);
         }
+    }
+
+    fn on_capacity(&mut self, capacity_bytes: u64) {
+        self.announced = capacity_bytes;
+        self.capacity = capacity_bytes;
+    }
+
+    fn on_lookup_miss(&mut self, key_hash: u64) {
+        self.ghost_hit = self.ghost_take(key_hash).then_some(key_hash);
     }
 
     fn on_access(&mut self, id: ObjId, _meta: &ObjectMeta) {
@@ -361,6 +425,7 @@ impl EvictionPolicy for S3Fifo {
 
     fn select_victims(&mut self, req: &EvictRequest, objects: &[ObjectMeta], out: &mut Vec<ObjId>) {
         self.capacity = req.capacity_bytes;
+        self.has_evicted = true;
         // Victims the store did not remove (it never refuses a candidate, but stay safe):
         // back into main.
         let mut leftover = std::mem::take(&mut self.planned);

@@ -1,0 +1,217 @@
+//! The Mooncake-master replay loop: each policy on its own `MemStore` (reads, prefix
+//! lookups with `exists`, puts), per-type counters, and the parallel fan-out over
+//! policies and store configs.
+
+use std::collections::BTreeMap;
+
+use moonagent_core::store::{
+    AccessHints, DataType, MemStore, MemStoreConfig, Payload, ReplicateConfig, StoreError,
+};
+use rayon::prelude::*;
+
+use super::{Access, Compiled, LabelledPolicy, PolicyResult, TypeResult, FIRST_KV, NEVER};
+
+/// The replay of one policy: a store and its per-type counters.
+struct Run<'c> {
+    store: MemStore<u32>,
+    objects: &'c [u32],
+    by: [TypeResult; DataType::COUNT],
+    missing: Vec<usize>,
+}
+
+/// Replay `compiled` under one policy on a store built from `store_cfg`.
+pub fn replay_one(
+    compiled: &Compiled,
+    store_cfg: &MemStoreConfig,
+    lp: &LabelledPolicy,
+) -> Result<PolicyResult, String> {
+    store_cfg
+        .validate()
+        .map_err(|e| format!("store config: {e}"))?;
+    compiled.check_filled()?;
+    let store: MemStore<u32> = MemStore::with_policy(store_cfg.clone(), &lp.policy)
+        .map_err(|e| format!("policy {}: {e}", lp.label))?;
+    let mut run = Run {
+        store,
+        objects: &compiled.objects,
+        by: [TypeResult::default(); DataType::COUNT],
+        missing: Vec::new(),
+    };
+    let acc = &compiled.accesses;
+    let kv = DataType::KvCache.index() as u8;
+    let mut i = 0;
+    while i < acc.len() {
+        let a = &acc[i];
+        if a.dtype == kv {
+            // One request's prefix lookup: the run of KV accesses starting here.
+            let mut j = i + 1;
+            while j < acc.len()
+                && acc[j].dtype == kv
+                && acc[j].flags & FIRST_KV == 0
+                && acc[j].time == a.time
+            {
+                j += 1;
+            }
+            run.kv_lookup(i, &acc[i..j])?;
+            i = j;
+        } else {
+            run.get_or_put(i, a)?;
+            i += 1;
+        }
+    }
+    let stats = run.store.stats().clone();
+    let mut by_type = BTreeMap::new();
+    let mut total = TypeResult::default();
+    for t in DataType::ALL {
+        let r = &mut run.by[t.index()];
+        let s = &stats.by_type[t.index()];
+        r.evicted = s.evicted;
+        r.evicted_bytes = s.evicted_bytes;
+        if r.lookups > 0 {
+            by_type.insert(t.name().to_string(), *r);
+        }
+        total.add(r);
+    }
+    Ok(PolicyResult {
+        label: lp.label.clone(),
+        policy: lp.policy.clone(),
+        by_type,
+        total,
+        store: stats,
+    })
+}
+
+#[inline]
+pub(crate) fn hints(a: &Access) -> AccessHints {
+    AccessHints {
+        miss_penalty_ns: u64::from(a.penalty_ns),
+        next_access: if a.next == NEVER {
+            u64::MAX
+        } else {
+            u64::from(a.next)
+        },
+        tenant: u32::from(a.tenant),
+        priority: 0,
+    }
+}
+
+#[inline]
+pub(crate) fn count_lookup(r: &mut TypeResult, a: &Access, hit: bool) {
+    let size = u64::from(a.size);
+    let pen = u64::from(a.penalty_ns);
+    r.lookups += 1;
+    r.lookup_bytes += size;
+    r.penalty_ns += pen;
+    if a.is_reuse() {
+        r.reuse_lookups += 1;
+        r.reuse_penalty_ns += pen;
+    }
+    if hit {
+        r.hits += 1;
+        r.hit_bytes += size;
+        r.saved_ns += pen;
+        if a.is_reuse() {
+            r.reuse_hits += 1;
+        }
+    }
+}
+
+impl Run<'_> {
+    fn put(&mut self, i: usize, a: &Access) -> Result<(), String> {
+        let r = &mut self.by[a.dtype as usize];
+        match self.store.put_with(
+            a.time,
+            self.objects[i],
+            Payload::SizeOnly(u64::from(a.size)),
+            &ReplicateConfig::of(DataType::ALL[a.dtype as usize]),
+            hints(a),
+        ) {
+            Ok(_) => {
+                r.puts += 1;
+                Ok(())
+            }
+            // No space: the object simply stays uncached, as on the real master.
+            Err(StoreError::NoAvailableHandle) => {
+                r.puts_no_space += 1;
+                Ok(())
+            }
+            // A put of an object that is there after all is refused, as on the master.
+            Err(StoreError::AlreadyExists) => {
+                r.puts_exists += 1;
+                Ok(())
+            }
+            Err(e) => Err(format!("put at t={} of object {}: {e}", a.time, a.id)),
+        }
+    }
+
+    fn get_or_put(&mut self, i: usize, a: &Access) -> Result<(), String> {
+        let hit = match self
+            .store
+            .get_size_with(a.time, &self.objects[i], Some(hints(a)))
+        {
+            Ok(_) => true,
+            Err(StoreError::NotFound | StoreError::NotReady) => false,
+            Err(e) => return Err(format!("get at t={} of object {}: {e}", a.time, a.id)),
+        };
+        count_lookup(&mut self.by[a.dtype as usize], a, hit);
+        if !hit {
+            self.put(i, a)?;
+        }
+        Ok(())
+    }
+
+    /// One request's prefix lookup; `first` is the index of `run[0]` in the trace.
+    fn kv_lookup(&mut self, first: usize, run: &[Access]) -> Result<(), String> {
+        self.missing.clear();
+        let mut prefix = true;
+        for (k, a) in run.iter().enumerate() {
+            let found = self
+                .store
+                .exists_hinted(a.time, &self.objects[first + k], Some(hints(a)))
+                .map_err(|e| format!("exists at t={}: {e}", a.time))?;
+            prefix &= found;
+            count_lookup(&mut self.by[a.dtype as usize], a, prefix);
+            if !found {
+                self.missing.push(k);
+            }
+        }
+        for n in 0..self.missing.len() {
+            let k = self.missing[n];
+            self.put(first + k, &run[k])?;
+        }
+        Ok(())
+    }
+}
+
+/// Replay every policy over the same compiled trace, in parallel (rayon), results in the
+/// order given.
+pub fn replay_all(
+    compiled: &Compiled,
+    store_cfg: &MemStoreConfig,
+    policies: &[LabelledPolicy],
+) -> Result<Vec<PolicyResult>, String> {
+    policies
+        .par_iter()
+        .map(|lp| replay_one(compiled, store_cfg, lp))
+        .collect()
+}
+
+/// Replay every (store config, policy) pair in parallel (rayon): one row of results per
+/// store config, each in the order of `policies`.
+pub fn replay_grid(
+    compiled: &Compiled,
+    store_cfgs: &[MemStoreConfig],
+    policies: &[LabelledPolicy],
+) -> Result<Vec<Vec<PolicyResult>>, String> {
+    let pairs: Vec<(usize, usize)> = (0..store_cfgs.len())
+        .flat_map(|s| (0..policies.len()).map(move |p| (s, p)))
+        .collect();
+    let flat: Vec<PolicyResult> = pairs
+        .par_iter()
+        .map(|&(s, p)| replay_one(compiled, &store_cfgs[s], &policies[p]))
+        .collect::<Result<_, _>>()?;
+    let mut it = flat.into_iter();
+    Ok((0..store_cfgs.len())
+        .map(|_| it.by_ref().take(policies.len()).collect())
+        .collect())
+}
