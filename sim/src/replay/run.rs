@@ -4,12 +4,43 @@
 
 use std::collections::BTreeMap;
 
+use moonagent_core::serve::kv_prefix::{self, BlockStore, Publish};
 use moonagent_core::store::{
     AccessHints, DataType, MemStore, MemStoreConfig, Payload, ReplicateConfig, StoreError,
+    StoreResult,
 };
 use rayon::prelude::*;
 
 use super::{Access, Compiled, LabelledPolicy, PolicyResult, TypeResult, FIRST_KV, NEVER};
+
+/// A run of accesses as the core's prefix-KV rule sees it: block `i` is `run[i]`, keyed
+/// by its dense object number, read and put with the access's hints.
+struct Blocks<'r> {
+    store: &'r mut MemStore<u32>,
+    objects: &'r [u32],
+    first: usize,
+    run: &'r [Access],
+}
+
+impl BlockStore for Blocks<'_> {
+    fn block_exists(&mut self, i: usize) -> StoreResult<bool> {
+        let a = &self.run[i];
+        self.store
+            .exists_hinted(a.time, &self.objects[self.first + i], Some(hints(a)))
+    }
+    fn block_put(&mut self, i: usize) -> StoreResult<()> {
+        let a = &self.run[i];
+        self.store
+            .put_with(
+                a.time,
+                self.objects[self.first + i],
+                Payload::SizeOnly(u64::from(a.size)),
+                &ReplicateConfig::of(DataType::ALL[a.dtype as usize]),
+                hints(a),
+            )
+            .map(|_| ())
+    }
+}
 
 /// The replay of one policy: a store and its per-type counters.
 struct Run<'c> {
@@ -118,30 +149,22 @@ pub(crate) fn count_lookup(r: &mut TypeResult, a: &Access, hit: bool) {
 
 impl Run<'_> {
     fn put(&mut self, i: usize, a: &Access) -> Result<(), String> {
+        let mut one = Blocks {
+            store: &mut self.store,
+            objects: self.objects,
+            first: i,
+            run: std::slice::from_ref(a),
+        };
         let r = &mut self.by[a.dtype as usize];
-        match self.store.put_with(
-            a.time,
-            self.objects[i],
-            Payload::SizeOnly(u64::from(a.size)),
-            &ReplicateConfig::of(DataType::ALL[a.dtype as usize]),
-            hints(a),
-        ) {
-            Ok(_) => {
-                r.puts += 1;
-                Ok(())
-            }
-            // No space: the object simply stays uncached, as on the real master.
-            Err(StoreError::NoAvailableHandle) => {
-                r.puts_no_space += 1;
-                Ok(())
-            }
-            // A put of an object that is there after all is refused, as on the master.
-            Err(StoreError::AlreadyExists) => {
-                r.puts_exists += 1;
-                Ok(())
-            }
-            Err(e) => Err(format!("put at t={} of object {}: {e}", a.time, a.id)),
+        // No space: the object simply stays uncached, as on the real master; a put of an
+        // object that is there after all is refused, as on the master.
+        match kv_prefix::publish(&mut one, 0) {
+            Ok(Publish::Stored) => r.puts += 1,
+            Ok(Publish::NoSpace) => r.puts_no_space += 1,
+            Ok(Publish::Exists) => r.puts_exists += 1,
+            Err(e) => return Err(format!("put at t={} of object {}: {e}", a.time, a.id)),
         }
+        Ok(())
     }
 
     fn get_or_put(&mut self, i: usize, a: &Access) -> Result<(), String> {
@@ -162,19 +185,17 @@ impl Run<'_> {
 
     /// One request's prefix lookup; `first` is the index of `run[0]` in the trace.
     fn kv_lookup(&mut self, first: usize, run: &[Access]) -> Result<(), String> {
-        self.missing.clear();
-        let mut prefix = true;
-        for (k, a) in run.iter().enumerate() {
-            let found = self
-                .store
-                .exists_hinted(a.time, &self.objects[first + k], Some(hints(a)))
-                .map_err(|e| format!("exists at t={}: {e}", a.time))?;
-            prefix &= found;
-            count_lookup(&mut self.by[a.dtype as usize], a, prefix);
-            if !found {
-                self.missing.push(k);
-            }
-        }
+        let mut blocks = Blocks {
+            store: &mut self.store,
+            objects: self.objects,
+            first,
+            run,
+        };
+        let by = &mut self.by;
+        kv_prefix::lookup(&mut blocks, run.len(), &mut self.missing, |k, hit| {
+            count_lookup(&mut by[run[k].dtype as usize], &run[k], hit)
+        })
+        .map_err(|e| format!("exists at t={}: {e}", run[0].time))?;
         for n in 0..self.missing.len() {
             let k = self.missing[n];
             self.put(first + k, &run[k])?;
