@@ -6,12 +6,15 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
+pub use moonagent_sim::replay::{
+    capacities, min_bounds, min_bounds_objects, results_table, CapacityRun,
+};
 use moonagent_sim::replay::{
-    min_bound, replay_grid, replay_plain_grid, sizes_for_model, CapacityUnit, CompileOptions,
-    Compiled, Include, LabelledPolicy, LinearCost, MissCost, ModelCost, PlainConfig, PolicyResult,
+    replay_grid, replay_plain_grid, sizes_for_model, CapacityUnit, CompileOptions, Compiled,
+    Include, LabelledPolicy, LinearCost, MissCost, ModelCost, PlainConfig, PolicyResult,
     TypeResult,
 };
-use moonagent_sim::table::{Column, Table};
+use moonagent_sim::table::Table;
 use moonagent_traces::TraceReader;
 use serde::Serialize;
 
@@ -135,18 +138,6 @@ pub struct ReplayReport {
     pub runs: Vec<CapacityRun>,
 }
 
-/// All policies at one capacity.
-#[derive(Serialize)]
-pub struct CapacityRun {
-    /// Capacity in bytes (in objects with `--capacity-unit objects`).
-    pub capacity_bytes: u64,
-    /// One result per policy, in the order given.
-    pub results: Vec<PolicyResult>,
-    /// Belady's MIN on an ideal cache of `capacity / size` objects, per data type whose
-    /// objects all have one size: `(hits, lookups)`. An upper bound on every policy's hits.
-    pub min_bound: BTreeMap<String, (u64, u64)>,
-}
-
 /// Parse the policy list: names, then config files. Errors name the flag or file and field.
 pub fn policies(names: &[String], files: &[PathBuf]) -> Result<Vec<LabelledPolicy>> {
     let mut out = Vec::new();
@@ -185,53 +176,6 @@ pub fn cost_model(hardware: &str, model: &str, cost: Option<&Path>) -> Result<Bo
                 .map_err(|e| anyhow::anyhow!("--hardware/--model: {e}"))?,
         ),
     })
-}
-
-/// Per data type whose replayed objects all have one size, that size.
-pub fn uniform_sizes(c: &Compiled) -> BTreeMap<DataType, u64> {
-    let mut size: [Option<u64>; DataType::COUNT] = [None; DataType::COUNT];
-    let mut mixed = [false; DataType::COUNT];
-    for a in &c.accesses {
-        let t = a.dtype as usize;
-        match size[t] {
-            None => size[t] = Some(u64::from(a.size)),
-            Some(s) if s != u64::from(a.size) => mixed[t] = true,
-            _ => {}
-        }
-    }
-    DataType::ALL
-        .iter()
-        .filter_map(|t| {
-            let s = size[t.index()]?;
-            (!mixed[t.index()] && s > 0).then_some((*t, s))
-        })
-        .collect()
-}
-
-/// Belady's MIN per uniform-size data type at `capacity` (only when the replay holds that
-/// type alone, so the store's capacity is all that type's).
-pub fn min_bounds(c: &Compiled, capacity: u64) -> BTreeMap<String, (u64, u64)> {
-    let u = uniform_sizes(c);
-    let types_present = c.unique_objects().iter().filter(|&&n| n > 0).count();
-    if types_present != 1 {
-        return BTreeMap::new();
-    }
-    u.into_iter()
-        .map(|(t, s)| (t.name().to_string(), min_bound(c, t, capacity / s)))
-        .collect()
-}
-
-/// Belady's MIN on `k` unit objects, when the replay holds one data type.
-pub fn min_bounds_objects(c: &Compiled, k: u64) -> BTreeMap<String, (u64, u64)> {
-    let unique = c.unique_objects();
-    let present: Vec<DataType> = DataType::ALL
-        .into_iter()
-        .filter(|t| unique[t.index()] > 0)
-        .collect();
-    match present[..] {
-        [t] => BTreeMap::from([(t.name().to_string(), min_bound(c, t, k))]),
-        _ => BTreeMap::new(),
-    }
 }
 
 fn rows_of(results: &[PolicyResult]) -> Vec<(&str, &str, &TypeResult)> {
@@ -300,92 +244,6 @@ pub fn print_results(run: &CapacityRun, unit: CapacityUnit) {
     print_table(&rows);
 }
 
-/// One row per capacity, policy and data type (and `all`), for Parquet and CSV.
-pub fn results_table(runs: &[CapacityRun]) -> Table {
-    let mut cap = Vec::new();
-    let mut label = Vec::new();
-    let mut policy = Vec::new();
-    let mut dtype = Vec::new();
-    let mut u: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    let mut f: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    for run in runs {
-        for r in &run.results {
-            let types = r
-                .by_type
-                .iter()
-                .map(|(k, v)| (k.as_str(), v))
-                .chain(std::iter::once(("all", &r.total)));
-            for (t, x) in types {
-                cap.push(run.capacity_bytes);
-                label.push(r.label.clone());
-                policy.push(r.policy.name().to_string());
-                dtype.push(t.to_string());
-                for (k, v) in [
-                    ("lookups", x.lookups),
-                    ("hits", x.hits),
-                    ("lookup_bytes", x.lookup_bytes),
-                    ("hit_bytes", x.hit_bytes),
-                    ("penalty_ns", x.penalty_ns),
-                    ("saved_ns", x.saved_ns),
-                    ("reuse_lookups", x.reuse_lookups),
-                    ("reuse_hits", x.reuse_hits),
-                    ("reuse_penalty_ns", x.reuse_penalty_ns),
-                    ("puts", x.puts),
-                    ("puts_no_space", x.puts_no_space),
-                    ("puts_exists", x.puts_exists),
-                    ("evicted", x.evicted),
-                    ("evicted_bytes", x.evicted_bytes),
-                ] {
-                    u.entry(k).or_default().push(v);
-                }
-                for (k, v) in [
-                    ("hit_rate", x.hit_rate()),
-                    ("byte_hit_rate", x.byte_hit_rate()),
-                    ("saving_time_rate", x.saving_time_rate()),
-                    ("reuse_hit_rate", x.reuse_hit_rate()),
-                    ("reuse_saving_time_rate", x.reuse_saving_time_rate()),
-                ] {
-                    f.entry(k).or_default().push(v);
-                }
-            }
-        }
-    }
-    let mut t = Table::new()
-        .with("capacity_bytes", Column::U64(cap))
-        .with("label", Column::Str(label))
-        .with("policy", Column::Str(policy))
-        .with("data_type", Column::Str(dtype));
-    // Fixed column order: rates first, then counters, each in a stable order.
-    for k in [
-        "hit_rate",
-        "reuse_hit_rate",
-        "byte_hit_rate",
-        "saving_time_rate",
-        "reuse_saving_time_rate",
-    ] {
-        t = t.with(k, Column::F64(f.remove(k).unwrap_or_default()));
-    }
-    for k in [
-        "lookups",
-        "hits",
-        "reuse_lookups",
-        "reuse_hits",
-        "lookup_bytes",
-        "hit_bytes",
-        "penalty_ns",
-        "saved_ns",
-        "reuse_penalty_ns",
-        "puts",
-        "puts_no_space",
-        "puts_exists",
-        "evicted",
-        "evicted_bytes",
-    ] {
-        t = t.with(k, Column::U64(u.remove(k).unwrap_or_default()));
-    }
-    t
-}
-
 /// Write `report` as JSON, or its table as Parquet or CSV, by `out`'s extension.
 pub fn write_out<R: Serialize>(
     out: &Path,
@@ -410,21 +268,6 @@ pub fn write_out<R: Serialize>(
     }
     eprintln!("wrote {}", out.display());
     Ok(())
-}
-
-/// Resolve `--capacity` values against the trace's unique bytes.
-pub fn capacities(values: &[String], unique_total: u64) -> Result<Vec<u64>> {
-    values
-        .iter()
-        .map(|c| {
-            let b =
-                parse_bytes(c, Some(unique_total)).with_context(|| format!("--capacity {c}"))?;
-            if b == 0 {
-                bail!("--capacity {c}: resolves to 0 bytes");
-            }
-            Ok(b)
-        })
-        .collect()
 }
 
 /// Run `moonagent replay`.

@@ -10,9 +10,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
+use moonagent_core::store::{DataType, MemStoreConfig};
 use moonagent_sim::replay::ablation::{self, Row, Shape, SEED_002};
-use moonagent_sim::replay::{replay_all, replay_grid, Compiled, LabelledPolicy, PolicyResult};
+use moonagent_sim::replay::{replay_all, replay_grid, Compiled, PolicyResult};
 use moonagent_sim::table::Column;
 use serde::Serialize;
 
@@ -257,30 +257,6 @@ fn eviction_ablation(a: AblationArgs) -> Result<()> {
     Ok(())
 }
 
-/// The policies of the capacity sweep: every online policy (type-aware and the type tree
-/// reduce to mooncake-default with one data type) and the store-level offline oracles.
-fn capacity_policies() -> Vec<LabelledPolicy> {
-    let mut v: Vec<LabelledPolicy> = [
-        PolicyConfig::MooncakeDefault {},
-        PolicyConfig::TypeAware(Default::default()),
-        PolicyConfig::Lru {},
-        PolicyConfig::Fifo {},
-        PolicyConfig::S3Fifo(Default::default()),
-        PolicyConfig::Sieve {},
-        PolicyConfig::Gdsf {},
-    ]
-    .into_iter()
-    .map(LabelledPolicy::named)
-    .collect();
-    v.push(LabelledPolicy {
-        label: "hierarchical".into(),
-        policy: ablation::hierarchical(),
-    });
-    v.push(LabelledPolicy::named(PolicyConfig::Belady {}));
-    v.push(LabelledPolicy::named(PolicyConfig::BeladyCost {}));
-    v
-}
-
 fn mooncake_capacity(a: CapacityArgs) -> Result<()> {
     let path = match a.trace {
         Some(p) => p,
@@ -292,7 +268,7 @@ fn mooncake_capacity(a: CapacityArgs) -> Result<()> {
     let compiled = Compiled::mooncake_kv(&path).map_err(anyhow::Error::msg)?;
     let total = compiled.unique_total();
     let caps = capacities(&a.capacity, total)?;
-    let pols = capacity_policies();
+    let pols = ablation::capacity_policies();
     eprintln!(
         "{}: {} requests, {} KV block lookups, {} distinct blocks, unique {}; {} policies x {} capacities on {} threads",
         path.display(),

@@ -251,3 +251,27 @@ pub fn calibrate_capacity(
         .map(|(s, r)| (*s, 100.0 * r[0].of(DataType::KvCache).reuse_hit_rate()))
         .collect())
 }
+
+/// The policies of the capacity sweep: every online policy (type-aware and the type tree
+/// reduce to mooncake-default with one data type) and the store-level offline oracles.
+pub fn capacity_policies() -> Vec<LabelledPolicy> {
+    let mut v: Vec<LabelledPolicy> = [
+        PolicyConfig::MooncakeDefault {},
+        PolicyConfig::TypeAware(Default::default()),
+        PolicyConfig::Lru {},
+        PolicyConfig::Fifo {},
+        PolicyConfig::S3Fifo(Default::default()),
+        PolicyConfig::Sieve {},
+        PolicyConfig::Gdsf {},
+    ]
+    .into_iter()
+    .map(LabelledPolicy::named)
+    .collect();
+    v.push(LabelledPolicy {
+        label: "hierarchical".into(),
+        policy: hierarchical(),
+    });
+    v.push(LabelledPolicy::named(PolicyConfig::Belady {}));
+    v.push(LabelledPolicy::named(PolicyConfig::BeladyCost {}));
+    v
+}

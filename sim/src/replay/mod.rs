@@ -48,6 +48,7 @@ mod min_bound;
 mod names;
 pub mod oracle_general;
 pub mod plain;
+mod report;
 mod results;
 mod run;
 
@@ -57,6 +58,9 @@ pub use min_bound::min_bound;
 pub use names::{policy_by_name, POLICY_NAMES};
 pub use oracle_general::OracleGeneralError;
 pub use plain::{replay_plain, replay_plain_grid, CapacityUnit, PlainConfig};
+pub use report::{
+    capacities, min_bounds, min_bounds_objects, results_table, uniform_sizes, CapacityRun,
+};
 pub use results::{LabelledPolicy, PolicyResult, TypeResult};
 pub use run::{replay_all, replay_grid, replay_one};
 

@@ -43,6 +43,42 @@ pub struct TypeResult {
 }
 
 impl TypeResult {
+    /// The rates every report shows (the replay's tables, sweep metrics), in column
+    /// order: the one column set of a type's result.
+    pub fn rates(&self) -> [(&'static str, f64); 6] {
+        [
+            ("hit_rate", self.hit_rate()),
+            ("reuse_hit_rate", self.reuse_hit_rate()),
+            ("byte_hit_rate", self.byte_hit_rate()),
+            ("saving_time_rate", self.saving_time_rate()),
+            ("reuse_saving_time_rate", self.reuse_saving_time_rate()),
+            (
+                "recompute_s",
+                self.penalty_ns.saturating_sub(self.saved_ns) as f64 / 1e9,
+            ),
+        ]
+    }
+
+    /// The counters every report shows, in column order.
+    pub fn counts(&self) -> [(&'static str, u64); 14] {
+        [
+            ("lookups", self.lookups),
+            ("hits", self.hits),
+            ("reuse_lookups", self.reuse_lookups),
+            ("reuse_hits", self.reuse_hits),
+            ("lookup_bytes", self.lookup_bytes),
+            ("hit_bytes", self.hit_bytes),
+            ("penalty_ns", self.penalty_ns),
+            ("saved_ns", self.saved_ns),
+            ("reuse_penalty_ns", self.reuse_penalty_ns),
+            ("puts", self.puts),
+            ("puts_no_space", self.puts_no_space),
+            ("puts_exists", self.puts_exists),
+            ("evicted", self.evicted),
+            ("evicted_bytes", self.evicted_bytes),
+        ]
+    }
+
     /// hits / lookups (0 when nothing was looked up).
     pub fn hit_rate(&self) -> f64 {
         ratio(self.hits, self.lookups)

@@ -144,30 +144,10 @@ pub struct TraceFacts {
 const REPLAY_TYPES: [&str; 2] = ["encoder_output", "kv_cache"];
 
 fn type_metrics(prefix: &str, t: &TypeResult, out: &mut Vec<(String, MetricValue)>) {
+    // The replay's one column set (`TypeResult::rates`, `counts`), under `prefix.`.
     let f = |n: &str| format!("{prefix}.{n}");
-    let recompute_ns = t.penalty_ns.saturating_sub(t.saved_ns);
-    out.extend([
-        (f("hit_rate"), MetricValue::F64(t.hit_rate())),
-        (f("byte_hit_rate"), MetricValue::F64(t.byte_hit_rate())),
-        (
-            f("saving_time_rate"),
-            MetricValue::F64(t.saving_time_rate()),
-        ),
-        (
-            f("recompute_s"),
-            MetricValue::F64(recompute_ns as f64 / 1e9),
-        ),
-        (f("lookups"), MetricValue::U64(t.lookups)),
-        (f("hits"), MetricValue::U64(t.hits)),
-        (f("lookup_bytes"), MetricValue::U64(t.lookup_bytes)),
-        (f("hit_bytes"), MetricValue::U64(t.hit_bytes)),
-        (f("penalty_ns"), MetricValue::U64(t.penalty_ns)),
-        (f("saved_ns"), MetricValue::U64(t.saved_ns)),
-        (f("puts"), MetricValue::U64(t.puts)),
-        (f("puts_no_space"), MetricValue::U64(t.puts_no_space)),
-        (f("evicted"), MetricValue::U64(t.evicted)),
-        (f("evicted_bytes"), MetricValue::U64(t.evicted_bytes)),
-    ]);
+    out.extend(t.rates().map(|(n, v)| (f(n), MetricValue::F64(v))));
+    out.extend(t.counts().map(|(n, v)| (f(n), MetricValue::U64(v))));
 }
 
 /// The replay's metrics of one run, in a fixed order.
