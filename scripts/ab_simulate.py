@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Time two moonagent binaries on the same simulations, alternating, and print medians
+and their ratio (a refactor's speed against the commit before it).
+
+    python3 scripts/ab_simulate.py BEFORE AFTER TRACE:MODE [TRACE:MODE ...] [--reps N]
+
+Each run is `BIN simulate --trace TRACE --modes MODE` (whole process: reading the trace
+included); rounds alternate which binary goes first. Wall clock on a shared host is noisy:
+quote the medians and, for a repeatable figure, count instructions with
+`valgrind --tool=callgrind` instead.
+"""
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("before")
+    p.add_argument("after")
+    p.add_argument("runs", nargs="+", help="TRACE:MODE")
+    p.add_argument("--reps", type=int, default=5)
+    a = p.parse_args()
+    bins = {"before": a.before, "after": a.after}
+    for run in a.runs:
+        trace, _, mode = run.rpartition(":")
+        t = {k: [] for k in bins}
+        for r in range(a.reps):
+            for k in (["before", "after"] if r % 2 == 0 else ["after", "before"]):
+                t0 = time.perf_counter()
+                subprocess.run([bins[k], "simulate", "--trace", trace, "--modes", mode],
+                               check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                t[k].append(time.perf_counter() - t0)
+        b, f = statistics.median(t["before"]), statistics.median(t["after"])
+        print(f"{run}: before {b:.3f} s, after {f:.3f} s (medians of {a.reps}), after/before {f / b:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
