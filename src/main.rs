@@ -26,7 +26,7 @@ enum Command {
     Trace(cmd::trace::TraceArgs),
     /// Store-level trace replay under one or more eviction policies.
     Replay(cmd::replay::ReplayArgs),
-    /// Published experiments rerun: seed 002's eviction ablation, Mooncake capacity sweep.
+    /// Published experiments rerun: the type-aware eviction ablation, Mooncake capacity sweep.
     Repro(cmd::repro::ReproArgs),
     /// Parameter sweeps over the simulator or the replay: run, resume, merge shards, Pareto.
     Sweep(cmd::sweep::SweepArgs),

@@ -73,7 +73,7 @@ pub struct ReplayArgs {
     #[arg(long = "policy", value_delimiter = ',')]
     pub policies: Vec<String>,
     /// A policy configuration file (TOML or JSON, `policy = "type-aware"` ...), labelled by
-    /// its file name. Repeatable. `examples/policies/` has seed 002's ablation.
+    /// its file name. Repeatable. `examples/policies/` has the type-aware eviction ablation's policies.
     #[arg(long = "policy-config")]
     pub policy_configs: Vec<PathBuf>,
     /// Store settings (TOML or JSON `MemStoreConfig`; capacity is taken from --capacity).

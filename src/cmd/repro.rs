@@ -1,7 +1,8 @@
 //! `moonagent repro ...`: the published experiments, rerun on moonagent's replay.
 //!
-//! - `eviction-ablation`: seed 002's type-aware eviction ablation on the seed-002 session
-//!   workload, printed beside the seed's numbers, with the shape check;
+//! - `eviction-ablation`: the type-aware eviction ablation of the Mooncake proposal
+//!   (PRs 2743-2746) on its 600-session workload, printed beside the proposal's numbers,
+//!   with the shape check;
 //! - `mooncake-capacity`: hit rate vs capacity on Mooncake's FAST'25 conversation trace
 //!   (KV blocks only) for every online policy, the store-level offline policies and
 //!   Belady's MIN bound.
@@ -28,7 +29,7 @@ pub struct ReproArgs {
 
 #[derive(Subcommand, Debug)]
 enum Experiment {
-    /// Seed 002's type-aware eviction ablation (default, grace only, reuse scale only,
+    /// The type-aware eviction ablation of the Mooncake proposal (default, grace only, reuse scale only,
     /// balanced; plus gdsf, hierarchical, lru and the offline oracles) on its session workload.
     EvictionAblation(AblationArgs),
     /// Hit rate vs capacity on Mooncake's conversation trace (KV blocks only), every policy
@@ -39,14 +40,14 @@ enum Experiment {
 /// Arguments of `moonagent repro eviction-ablation`.
 #[derive(Args, Debug)]
 pub struct AblationArgs {
-    /// Sessions of the workload (seed 002: 600).
+    /// Sessions of the workload (the proposal's: 600).
     #[arg(long, default_value_t = 600)]
     pub sessions: u64,
     /// Workload seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Store capacity: bytes or a share of the workload's unique bytes. Default: 20%, the
-    /// share at which `default`'s KV re-reference hit rate comes closest to the seed's.
+    /// share at which `default`'s KV re-reference hit rate comes closest to the proposal's.
     #[arg(long)]
     pub capacity: Option<String>,
     /// Also print `default`'s KV re-reference hit rate at these shares (how the default
@@ -135,7 +136,7 @@ fn eviction_ablation(a: AblationArgs) -> Result<()> {
             .collect::<Result<_>>()?;
         let cal =
             ablation::calibrate_capacity(&compiled, &shares, &base).map_err(anyhow::Error::msg)?;
-        println!("default's KV re-reference hit rate by capacity (seed 002: 96.65%):");
+        println!("default's KV re-reference hit rate by capacity (the proposal: 96.65%):");
         let mut rows = vec![vec!["capacity share".to_string(), "KV reuse hit %".into()]];
         for (s, h) in cal {
             rows.push(vec![format!("{:.1}%", 100.0 * s), f2(h)]);
@@ -155,7 +156,7 @@ fn eviction_ablation(a: AblationArgs) -> Result<()> {
     };
     let pols = ablation::all_policies();
     eprintln!(
-        "seed-002 sessions workload: {} sessions (seed {}), {} requests, {} accesses, unique {} ({:.2}% encoder outputs); capacity {} ({:.1}% of unique); {} policies on {} threads",
+        "the proposal's sessions workload: {} sessions (seed {}), {} requests, {} accesses, unique {} ({:.2}% encoder outputs); capacity {} ({:.1}% of unique); {} policies on {} threads",
         a.sessions,
         a.seed,
         compiled.requests,
@@ -170,20 +171,20 @@ fn eviction_ablation(a: AblationArgs) -> Result<()> {
     let results = replay_all(&compiled, &cfg, &pols).map_err(anyhow::Error::msg)?;
     let rows: Vec<Row> = results.iter().map(Row::of).collect();
     println!(
-        "Seed 002 type-aware eviction ablation, {} sessions, capacity {} ({:.1}% of unique bytes)",
+        "Type-aware eviction ablation (Mooncake proposal, PRs 2743-2746), {} sessions, capacity {} ({:.1}% of unique bytes)",
         a.sessions,
         human_bytes(capacity),
         100.0 * capacity as f64 / total.max(1) as f64
     );
-    println!("reuse = re-references only (first references excluded, the seed's terms); all = every lookup");
+    println!("reuse = re-references only (first references excluded, the proposal's terms); all = every lookup");
     let mut t = vec![vec![
         "policy".to_string(),
         "hidden reuse hit".into(),
         "KV reuse hit".into(),
         "saving-time (reuse)".into(),
-        "seed hidden".into(),
-        "seed KV".into(),
-        "seed saving".into(),
+        "proposal hidden".into(),
+        "proposal KV".into(),
+        "proposal saving".into(),
         "hidden hit (all)".into(),
         "KV hit (all)".into(),
         "saving-time (all)".into(),
@@ -214,7 +215,7 @@ fn eviction_ablation(a: AblationArgs) -> Result<()> {
     let (d, b) = (SEED_002[0], SEED_002[3]);
     let seed_shape = (b.1 - d.1, d.2 - b.2, b.3 - d.3);
     println!(
-        "\nshape, balanced vs default (seed 002: hidden +{:.2} pts, KV -{:.2} pts, saving-time +{:.2} pts):",
+        "\nshape, balanced vs default (the proposal: hidden +{:.2} pts, KV -{:.2} pts, saving-time +{:.2} pts):",
         seed_shape.0, seed_shape.1, seed_shape.2
     );
     for s in [&shape_reuse, &shape_all].into_iter().flatten() {

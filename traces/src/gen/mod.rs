@@ -248,7 +248,7 @@ pub enum GeneratorKind {
     W3,
     /// Agent fork.
     W4,
-    /// Seed 002's continuous multimodal sessions.
+    /// Continuous multimodal sessions (the type-aware eviction proposal's workload).
     Sessions,
     /// ServeGen multimodal client distributions.
     ServeGen,
