@@ -113,6 +113,27 @@ fn type_aware_reuse_scale_and_grace_reorder_types() {
 }
 
 #[test]
+fn type_aware_grace_alone_reverses_the_order_of_two_types() {
+    // Same reuse scale and weight: only the grace separates the types, so a policy that
+    // ignores `eviction_grace_ms` plans the other order.
+    let plan = |grace_ms: u64, target: u64, lower: u64| {
+        let mut p = type_aware(|c| c.types.encoder_output.eviction_grace_ms = grace_ms);
+        let mut t = Table::new(1000);
+        t.insert(&mut p, meta(10, EO, 0)); // 100 - 0 - 50 = 50 ms (100 without grace)
+        t.insert(&mut p, meta(10, KV, 30 * MS)); // 70 ms
+        t.insert(&mut p, meta(10, EO, 20 * MS)); // 80 - 50 = 30 ms (80 without grace)
+        t.insert(&mut p, meta(10, KV, 60 * MS)); // 40 ms
+        t.evict(&mut p, &t.req(100 * MS, target, lower))
+    };
+    assert_eq!(plan(50, 4, 2), [1, 0, 3, 2]);
+    // A quota of one takes the KV object, not the older encoder output.
+    assert_eq!(plan(50, 1, 1), [1]);
+    // Without the grace the encoder outputs go first (the baseline this test separates).
+    assert_eq!(plan(0, 4, 2), [0, 2, 1, 3]);
+    assert_eq!(plan(0, 1, 1), [0]);
+}
+
+#[test]
 fn type_aware_rejects_invalid_knobs_naming_the_field() {
     for (json, field) in [
         (

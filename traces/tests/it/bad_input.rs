@@ -181,6 +181,46 @@ fn jsonl_schema_rules() {
             "prompt_tokens",
             "missing field",
         ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":0}]}"#,
+            "images[0].visual_tokens",
+            "expected at least 1 visual token, found 0",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":1},{"content_id":2,"visual_tokens":0}]}"#,
+            "images[1].visual_tokens",
+            "expected at least 1 visual token, found 0",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":1,"width":0,"height":28}]}"#,
+            "images[0].width",
+            "expected a positive pixel size, found 0",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":1,"width":28,"height":0}]}"#,
+            "images[0].width",
+            "expected a positive pixel size, found 0",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":1,"width":28}]}"#,
+            "images[0].height",
+            "width and height must be given together",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":300,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":4,"grid_thw":[0,4,4]}]}"#,
+            "images[0].grid_thw",
+            "expected positive t, h, w",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":17,"prompt_blocks":[1],"output_tokens":3}"#,
+            "prompt_blocks",
+            "expected ceil(17/16) = 2",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":4,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":5}]}"#,
+            "images",
+            "expected prompt_tokens >= the sum of visual_tokens",
+        ),
         (r#"[1,2,3]"#, "(record)", "expected struct Request"),
         (
             r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3} x"#,
@@ -192,6 +232,63 @@ fn jsonl_schema_rules() {
         let e = jsonl_error(&lines(&[HEADER, line]));
         check(&e, "mem.jsonl", Location::Line(2), field, expect);
     }
+}
+
+/// Each zero and bound of the schema alone on an otherwise valid request is rejected, and
+/// the bound itself is accepted (so the check is `>= 1` / `<=`, not something stricter).
+#[test]
+fn jsonl_schema_bounds_accept_the_edge_and_reject_one_past_it() {
+    let ok: &[&str] = &[
+        r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":1}]}"#,
+        r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":5}]}"#,
+        r#"{"id":0,"arrival_ns":1,"prompt_tokens":16,"prompt_blocks":[1],"output_tokens":3}"#,
+        r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"fork":{"branches":1,"output_tokens":[2]}}"#,
+    ];
+    for line in ok {
+        let (_, reqs) =
+            read_jsonl(&lines(&[HEADER, line])).unwrap_or_else(|e| panic!("{line}: {e}"));
+        assert_eq!(reqs.len(), 1);
+    }
+    // Equal arrivals are in order; one ns earlier is not.
+    let same = r#"{"id":1,"arrival_ns":10,"prompt_tokens":20,"output_tokens":3}"#;
+    assert!(read_jsonl(&lines(&[HEADER, GOOD, same])).is_ok());
+    let early = r#"{"id":1,"arrival_ns":9,"prompt_tokens":20,"output_tokens":3}"#;
+    let e = jsonl_error(&lines(&[HEADER, GOOD, early]));
+    check(
+        &e,
+        "mem.jsonl",
+        Location::Line(3),
+        "arrival_ns",
+        "expected non-decreasing",
+    );
+}
+
+#[test]
+fn jsonl_header_zero_sizes_are_rejected_naming_the_field() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            r#"{"header":{"schema_version":1,"block_size_tokens":0,"generator":"hand"}}"#,
+            "header.block_size_tokens",
+            "expected a block size of at least 1 token, found 0",
+        ),
+        (
+            r#"{"header":{"schema_version":1,"block_size_tokens":16,"patch_size":0,"generator":"hand"}}"#,
+            "header.patch_size",
+            "expected at least 1 pixel, found 0",
+        ),
+        (
+            r#"{"header":{"schema_version":1,"block_size_tokens":16,"spatial_merge":0,"generator":"hand"}}"#,
+            "header.spatial_merge",
+            "expected at least 1, found 0",
+        ),
+    ];
+    for (header, field, expect) in cases {
+        let e = jsonl_error(&lines(&[header, GOOD]));
+        check(&e, "mem.jsonl", Location::Line(1), field, expect);
+    }
+    // One is the smallest valid size of each.
+    let one = r#"{"header":{"schema_version":1,"block_size_tokens":1,"patch_size":1,"spatial_merge":1,"generator":"hand"}}"#;
+    assert!(read_jsonl(&lines(&[one, GOOD])).is_ok());
 }
 
 #[test]
