@@ -36,6 +36,9 @@ fi
 step "unit, property and integration tests (real-store tests included)"
 cargo test --workspace --quiet
 
+step "pinned fingerprints derived independently (python3 hashlib)"
+python3 scripts/check_fingerprints.py
+
 step "loom model checking (cfg(loom), release)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   cargo test --quiet --release -p moonagent-core --test loom_fork
