@@ -663,8 +663,9 @@ struct Validated {
     miss: Option<MissReason>,
     byte_len: u64,
     checksum: Option<Checksum>,
-    /// The decoded envelope, kept only when the reader verifies a MAC.
-    mac_env: Option<Envelope>,
+    /// The decoded envelope, kept only when the reader verifies a MAC (boxed so the hot
+    /// path moves a pointer, not an envelope).
+    mac_env: Option<Box<Envelope>>,
 }
 
 /// Store options for cache objects.
@@ -1074,7 +1075,7 @@ impl<S: Store> MmCache<S> {
             }
         }
         let (byte_len, checksum) = (env.byte_len, env.checksum);
-        let mac_env = (expect.ctx.mac_secret.is_some() && miss.is_none()).then_some(env);
+        let mac_env = (expect.ctx.mac_secret.is_some() && miss.is_none()).then(|| Box::new(env));
         Ok(Validated {
             miss,
             byte_len,
