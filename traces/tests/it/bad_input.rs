@@ -672,7 +672,7 @@ fn parquet_reader_open_error_is_named() {
     );
 }
 
-/// Env var that turns `corrupt_parquet_child` from a no-op into the real run.
+/// Env var the parent sets for `corrupt_parquet_child` (run by hand, the child says so).
 const CORRUPT_CHILD_ENV: &str = "MOONAGENT_CORRUPT_PARQUET_CHILD";
 
 /// Every second truncation and a flip of every byte of a valid Parquet trace (some make
@@ -680,10 +680,12 @@ const CORRUPT_CHILD_ENV: &str = "MOONAGENT_CORRUPT_PARQUET_CHILD";
 /// in `Ok` or in an error naming the file. Runs its body only as the child of
 /// `corrupt_parquet_files_are_errors_with_nothing_on_stderr` (which checks its stderr).
 #[test]
+#[ignore = "run as a child process by corrupt_parquet_files_are_errors_with_nothing_on_stderr"]
 fn corrupt_parquet_child() {
-    if std::env::var_os(CORRUPT_CHILD_ENV).is_none() {
-        return;
-    }
+    assert!(
+        std::env::var_os(CORRUPT_CHILD_ENV).is_some(),
+        "run through corrupt_parquet_files_are_errors_with_nothing_on_stderr"
+    );
     let (h, reqs) = good_requests();
     let full = to_parquet(&h, &reqs);
     let mut inputs: Vec<Vec<u8>> = (0..full.len())
@@ -717,6 +719,7 @@ fn corrupt_parquet_files_are_errors_with_nothing_on_stderr() {
         .args([
             "--exact",
             "bad_input::corrupt_parquet_child",
+            "--include-ignored",
             "--nocapture",
             "--test-threads=1",
         ])
