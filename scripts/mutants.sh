@@ -12,7 +12,9 @@
 # it), so an interrupted run-all continues where it stopped. Shards of one module must
 # use the same n (cargo-mutants divides the mutants by n). Extra cargo-mutants arguments
 # go after `--` (e.g. `-- --in-diff my.diff`, `-- --timeout 120`). MUTANTS_ONLY=FILE limits
-# a module to one of its files (its own output folder, MODULE@FILE).
+# a module to one of its files (its own output folder, MODULE@FILE). MUTANTS_ITERATE=1
+# reruns a finished piece testing only what it did not catch (cargo-mutants --iterate),
+# e.g. after adding tests for its survivors.
 #
 # Needs cargo-mutants (`cargo install --locked cargo-mutants`). Runs at nice 19, one job.
 set -euo pipefail
@@ -79,8 +81,11 @@ run_piece() {
   local tests=()
   [[ ${MUTANTS_ALL_TESTS:-0} == 1 ]] || read -r -a tests <<<"${TESTS[${module%@*}]}"
   local dir="$OUT/$module/${shard/\//-of-}"
-  if finished "$dir"; then
-    echo "== $module $shard: done before (rm -r $dir to redo)" >&2
+  local iterate=()
+  if [[ ${MUTANTS_ITERATE:-0} == 1 ]]; then
+    iterate=(--iterate)
+  elif finished "$dir"; then
+    echo "== $module $shard: done before (rm -r $dir to redo, MUTANTS_ITERATE=1 for survivors)" >&2
     return 0
   fi
   mkdir -p "$dir"
@@ -88,7 +93,7 @@ run_piece() {
   # Exit status 2 means mutants were missed: recorded, not a failure of this script.
   local rc=0
   nice -n 19 cargo mutants --package "$pkg" "${args[@]}" --shard "$shard" \
-    --jobs 1 --output "$dir" "$@" -- "${tests[@]}" || rc=$?
+    --jobs 1 --output "$dir" "${iterate[@]}" "$@" -- "${tests[@]}" || rc=$?
   [[ $rc -eq 0 || $rc -eq 2 || $rc -eq 3 ]] || { echo "cargo mutants failed ($rc)" >&2; exit "$rc"; }
 }
 
@@ -105,11 +110,17 @@ for mod in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else
         done += bool(d.get("end_time"))
         for k in ("caught", "missed", "timeout", "unviable", "success"):
             tot[k] = tot.get(k, 0) + int(d.get(k, 0) or 0)
-    tested = tot.get("caught", 0) + tot.get("missed", 0) + tot.get("timeout", 0)
-    pct = 100.0 * tot.get("caught", 0) / tested if tested else 0.0
-    print(f"{mod.name}: {done}/{len(pieces)} pieces finished; caught {tot.get('caught',0)}, "
+    # --iterate passes test only the survivors of earlier passes; cargo-mutants lists
+    # what those caught (or found unviable) in previously_caught.txt.
+    earlier = sum(len(f.read_text().splitlines())
+                  for f in mod.glob("*/mutants.out/previously_caught.txt"))
+    caught = tot.get("caught", 0) + earlier
+    tested = caught + tot.get("missed", 0) + tot.get("timeout", 0)
+    pct = 100.0 * caught / tested if tested else 0.0
+    print(f"{mod.name}: {done}/{len(pieces)} pieces finished; caught {tot.get('caught',0)}"
+          f" (+{earlier} caught or unviable in earlier passes), "
           f"missed {tot.get('missed',0)}, timeout {tot.get('timeout',0)}, "
-          f"unviable {tot.get('unviable',0)}; score {pct:.1f}% of tested")
+          f"unviable {tot.get('unviable',0)}; score {pct:.1f}% (earlier unviable counted as caught)")
     for f in sorted(mod.glob("*/mutants.out/missed.txt")):
         for line in f.read_text().splitlines():
             print(f"  missed: {line}")

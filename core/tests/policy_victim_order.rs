@@ -201,6 +201,42 @@ fn type_aware_budget_zero_puts_the_type_first_and_budget_one_never_triggers() {
 }
 
 #[test]
+fn type_aware_soft_pass_sees_the_bytes_the_unpinned_pass_freed() {
+    // One run, two passes: resident bytes per type carry from the unpinned pass into the
+    // soft-pinned one. EO has a 300-byte budget; KV none. One unpinned candidate, and a
+    // lower bound of 2, so the soft pass takes one.
+    let run = |eo_leased: u64| {
+        let mut p = type_aware(|c| c.types.encoder_output.budget_ratio = Some(0.3));
+        let mut t = Table::new(1000);
+        t.insert(&mut p, meta(100, EO, 50 * MS)); // 0: unpinned EO, age 50
+        t.insert(&mut p, soft(meta(100, EO, 60 * MS))); // 1: soft EO, age 40
+        t.insert(&mut p, soft(meta(100, KV, 10 * MS))); // 2: soft KV, age 90
+        t.insert(&mut p, meta(eo_leased, EO, 500 * MS)); // 3: leased EO, resident only
+        t.evict(&mut p, &t.req(100 * MS, 1, 2))
+    };
+    // EO resident 400 > 300: the unpinned pass takes the EO by budget (-100 -> 300), so
+    // in the soft pass EO is within budget and the soft victim is the oldest, the KV.
+    assert_eq!(run(200), [0, 2]);
+    // EO resident 300 = budget: the unpinned pass takes the EO by age (-100 -> 200); the
+    // soft pass again goes by age.
+    assert_eq!(run(100), [0, 2]);
+    // EO resident 500: 400 after the unpinned pass, still over: the soft EO goes first.
+    assert_eq!(run(300), [0, 1]);
+}
+
+#[test]
+fn every_policy_is_named_as_its_config() {
+    // Names label every report and replay column: each built policy says its config tag.
+    for c in all_configs() {
+        let tag = serde_json::to_value(&c).expect("serializes")["policy"]
+            .as_str()
+            .expect("tagged")
+            .to_owned();
+        assert_eq!(c.build().expect("valid").name(), tag);
+    }
+}
+
+#[test]
 fn type_aware_over_budget_takes_the_shortest_prefix_that_fits_the_budget() {
     let table = |p: &mut TypeAware, leased_eo: bool| {
         let mut t = Table::new(1000);
