@@ -225,6 +225,21 @@ fn type_aware_soft_pass_sees_the_bytes_the_unpinned_pass_freed() {
 }
 
 #[test]
+fn every_policy_evicts_zero_size_objects() {
+    // A put of an empty payload is legal, so a zero-size object can be a victim: no
+    // policy may divide by its size or treat it as absent.
+    for c in all_configs() {
+        let mut p = c.build().expect("valid");
+        let mut t = Table::new(1000);
+        t.insert(p.as_mut(), meta(0, KV, 0));
+        t.insert(p.as_mut(), meta(0, EO, 0));
+        t.insert(p.as_mut(), meta(10, GEN, 0));
+        let v = t.evict(p.as_mut(), &t.req(100 * MS, 3, 3));
+        assert_eq!(v.len(), 3, "{}: {v:?}", p.name());
+    }
+}
+
+#[test]
 fn every_policy_is_named_as_its_config() {
     // Names label every report and replay column: each built policy says its config tag.
     for c in all_configs() {
