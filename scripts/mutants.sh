@@ -37,7 +37,7 @@ declare -A TESTS=(
   [store]="--lib --test store_model --test store_victim_recheck --test store_key --test store_mooncake_experiments"
   [policies]="--lib --test policy_victim_order --test policy_properties --test policy_belady_bound --test store_victim_recheck"
   [mm_cache]="--lib --test mm_cache_lookup --test mm_cache_plan --test mm_cache_faults --test mm_cache_auth"
-  [fingerprint]="--lib --test fingerprint --test mm_cache_auth"
+  [fingerprint]="--lib --test fingerprint"
   [fork]="--lib --test fork_prop --test fork_token_identity"
   [traces]="--lib --test it"
 )
