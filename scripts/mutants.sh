@@ -14,7 +14,8 @@
 # go after `--` (e.g. `-- --in-diff my.diff`, `-- --timeout 120`). MUTANTS_ONLY=FILE limits
 # a module to one of its files (its own output folder, MODULE@FILE). MUTANTS_ITERATE=1
 # reruns a finished piece testing only what it did not catch (cargo-mutants --iterate),
-# e.g. after adding tests for its survivors.
+# e.g. after adding tests for its survivors (names carry line:column: after editing the
+# mutated file itself, rerun the piece from scratch instead).
 #
 # Needs cargo-mutants (`cargo install --locked cargo-mutants`). Runs at nice 19, one job.
 set -euo pipefail
@@ -112,8 +113,12 @@ for mod in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else
             tot[k] = tot.get(k, 0) + int(d.get(k, 0) or 0)
     # --iterate passes test only the survivors of earlier passes; cargo-mutants lists
     # what those caught (or found unviable) in previously_caught.txt.
-    earlier = sum(len(f.read_text().splitlines())
-                  for f in mod.glob("*/mutants.out/previously_caught.txt"))
+    # Names carry line:column, so after editing a file its earlier names go stale: rerun
+    # that piece from scratch (rm -r its folder) for an exact score.
+    earlier = 0
+    for f in mod.glob("*/mutants.out/previously_caught.txt"):
+        now = {m["name"] for m in json.loads((f.parent / "mutants.json").read_text())}
+        earlier += sum(1 for n in f.read_text().splitlines() if n not in now)
     caught = tot.get("caught", 0) + earlier
     tested = caught + tot.get("missed", 0) + tot.get("timeout", 0)
     pct = 100.0 * caught / tested if tested else 0.0

@@ -53,11 +53,6 @@ impl TenantSecret {
         Self(bytes)
     }
 
-    /// The key bytes.
-    pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
-    }
-
     /// A BLAKE2b-256 MAC keyed with this secret.
     pub(crate) fn mac(&self) -> Blake2bMac256 {
         // BLAKE2b takes keys of 1..=64 bytes, so a 32-byte key cannot be refused. No

@@ -176,6 +176,13 @@ fn other_invalid_parts_name_their_field() {
             other => panic!("{name}: got {other:?}"),
         }
     }
+    // Each bound's edge is valid: one pixel range, and sizes and degrees of 1.
+    let mut edge = base();
+    edge.min_pixels = edge.max_pixels;
+    edge.spatial_merge_size = 1;
+    edge.patch_size = 1;
+    edge.parallel = moonagent_core::fingerprint::ParallelLayout { tp: 1, dp: 1 };
+    assert!(edge.fingerprint().is_ok(), "{edge:?}");
 }
 
 /// Keyed fingerprints' test secret: bytes 0, 1, ..., 31.
