@@ -14,20 +14,94 @@
 //! as u64 little-endian. The encoding does not depend on JSON key order or on field
 //! order in a struct literal, and no two different part sets encode to the same bytes.
 //! Pixel bytes are streamed ([`ImageHasher::update`]) without copying the tensor.
+//!
+//! Keyed fingerprints (off by default): [`ImageHasher::new_keyed`] computes the same
+//! encoding with the domain tag `moonagent.image-fp.keyed.v1` under BLAKE2b-256 keyed with
+//! a [`TenantSecret`] (RFC 7693 keyed mode, Python's `blake2b(key=..., digest_size=32)`).
+//! The plain image fingerprint is a public function of the image and the model parts, so
+//! any tenant that can name another's model parts can compute its keys and probe the store
+//! for them; a keyed one needs the owner's secret.
 
 use std::fmt;
 use std::str::FromStr;
 
 use blake2::digest::consts::U32;
-use blake2::{Blake2b, Digest};
+use blake2::digest::{KeyInit, Mac};
+use blake2::{Blake2b, Blake2bMac, Digest};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
 /// BLAKE2b with a 32-byte digest (same compression function as BLAKE2b-512).
 type Blake2b256 = Blake2b<U32>;
 
+/// Keyed BLAKE2b with a 32-byte digest.
+type Blake2bMac256 = Blake2bMac<U32>;
+
 const MODEL_DOMAIN: &[u8] = b"moonagent.model-fp.v1";
 const IMAGE_DOMAIN: &[u8] = b"moonagent.image-fp.v1";
+const KEYED_IMAGE_DOMAIN: &[u8] = b"moonagent.image-fp.keyed.v1";
+
+/// A tenant's secret: the key of its keyed image fingerprints and of its envelope MACs
+/// (each under its own domain tag). 32 bytes; `Debug` never prints it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TenantSecret([u8; 32]);
+
+impl TenantSecret {
+    /// A secret from its 32 bytes (draw them from a CSPRNG or a KMS, never derive them
+    /// from the tenant's name).
+    pub const fn new(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// A BLAKE2b-256 MAC keyed with this secret.
+    pub(crate) fn mac(&self) -> Blake2bMac256 {
+        // BLAKE2b takes keys of 1..=64 bytes, so a 32-byte key cannot be refused. No
+        // fallback key: a MAC under any other key than the secret would be a silent hole.
+        <Blake2bMac256 as KeyInit>::new_from_slice(&self.0)
+            .expect("a 32-byte key is a valid BLAKE2b key")
+    }
+}
+
+impl fmt::Debug for TenantSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TenantSecret(..)")
+    }
+}
+
+/// How an image fingerprint was made; named in authenticated envelopes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FpScheme {
+    /// Plain BLAKE2b-256 (anyone who knows the model parts and the image can compute it).
+    #[serde(rename = "blake2b_256")]
+    Plain,
+    /// BLAKE2b-256 keyed with the tenant's secret.
+    #[serde(rename = "blake2b_256_keyed")]
+    Keyed,
+}
+
+/// The two hashers a fingerprint can run on; the encoding is the same.
+#[derive(Clone)]
+enum FpHash {
+    Plain(Blake2b256),
+    Keyed(Blake2bMac256),
+}
+
+impl FpHash {
+    #[inline]
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            FpHash::Plain(h) => Digest::update(h, bytes),
+            FpHash::Keyed(h) => Mac::update(h, bytes),
+        }
+    }
+
+    fn finish(self) -> [u8; 32] {
+        match self {
+            FpHash::Plain(h) => h.finalize().into(),
+            FpHash::Keyed(h) => h.finalize().into_bytes().into(),
+        }
+    }
+}
 
 /// A fingerprint input that is invalid; names the field and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -245,7 +319,7 @@ impl ModelParts {
     /// The model fingerprint: BLAKE2b-256 over the canonical encoding of every part.
     pub fn fingerprint(&self) -> Result<ModelFp, FingerprintError> {
         let p = self.normalized()?;
-        let mut h = Blake2b256::new();
+        let mut h = FpHash::Plain(Blake2b256::new());
         h.update(MODEL_DOMAIN);
         field(&mut h, "tenant", p.tenant.as_bytes());
         field(&mut h, "model_snapshot", p.model_snapshot.as_bytes());
@@ -261,7 +335,7 @@ impl ModelParts {
         field_u64(&mut h, "parallel.dp", p.parallel.dp.into());
         field(&mut h, "storage_layout", p.storage_layout.as_bytes());
         field(&mut h, "tensor_layout", p.tensor_layout.as_bytes());
-        Ok(ModelFp(h.finalize().into()))
+        Ok(ModelFp(h.finish()))
     }
 }
 
@@ -275,19 +349,19 @@ fn invalid(field: &'static str, expected: &'static str, got: &str) -> Fingerprin
 }
 
 /// Length-prefixed `(name, value)`: unambiguous whatever the values contain.
-fn field(h: &mut Blake2b256, name: &str, value: &[u8]) {
+fn field(h: &mut FpHash, name: &str, value: &[u8]) {
     field_head(h, name, value.len() as u64);
     h.update(value);
 }
 
 /// A field's name and value length; the caller hashes the value bytes after it.
-fn field_head(h: &mut Blake2b256, name: &str, value_len: u64) {
-    h.update((name.len() as u64).to_le_bytes());
+fn field_head(h: &mut FpHash, name: &str, value_len: u64) {
+    h.update(&(name.len() as u64).to_le_bytes());
     h.update(name.as_bytes());
-    h.update(value_len.to_le_bytes());
+    h.update(&value_len.to_le_bytes());
 }
 
-fn field_u64(h: &mut Blake2b256, name: &str, value: u64) {
+fn field_u64(h: &mut FpHash, name: &str, value: u64) {
     field(h, name, &value.to_le_bytes());
 }
 
@@ -391,7 +465,7 @@ fn parse_hex32(s: &str) -> Result<[u8; 32], FingerprintError> {
 /// construction; [`ImageHasher::finish`] checks that exactly `shape x dtype` bytes came.
 #[derive(Clone)]
 pub struct ImageHasher {
-    h: Blake2b256,
+    h: FpHash,
     expected: u64,
     seen: u64,
 }
@@ -404,17 +478,47 @@ impl ImageHasher {
         shape: &[u64],
         dtype: Dtype,
     ) -> Result<Self, FingerprintError> {
+        Self::start(
+            FpHash::Plain(Blake2b256::new()),
+            IMAGE_DOMAIN,
+            model,
+            grid,
+            shape,
+            dtype,
+        )
+    }
+
+    /// [`ImageHasher::new`] keyed with `secret` (see the module docs): only holders of the
+    /// secret can compute the fingerprint, so only they can find or probe the entry.
+    pub fn new_keyed(
+        secret: &TenantSecret,
+        model: &ModelFp,
+        grid: GridThw,
+        shape: &[u64],
+        dtype: Dtype,
+    ) -> Result<Self, FingerprintError> {
+        let h = FpHash::Keyed(secret.mac());
+        Self::start(h, KEYED_IMAGE_DOMAIN, model, grid, shape, dtype)
+    }
+
+    fn start(
+        mut h: FpHash,
+        domain: &[u8],
+        model: &ModelFp,
+        grid: GridThw,
+        shape: &[u64],
+        dtype: Dtype,
+    ) -> Result<Self, FingerprintError> {
         let expected = shape
             .iter()
             .try_fold(dtype.size_bytes(), |acc, &d| acc.checked_mul(d))
             .ok_or_else(|| invalid("shape", "a product that fits in u64 bytes", "overflow"))?;
-        let mut h = Blake2b256::new();
-        h.update(IMAGE_DOMAIN);
+        h.update(domain);
         field(&mut h, "model_fp", &model.0);
         field(&mut h, "grid_thw", &grid.to_le_bytes());
         field_head(&mut h, "shape", (shape.len() as u64).saturating_mul(8));
         for d in shape {
-            h.update(d.to_le_bytes());
+            h.update(&d.to_le_bytes());
         }
         field(&mut h, "dtype", dtype.name().as_bytes());
         // The pixel field's length prefix is the declared size; finish() checks it.
@@ -441,7 +545,7 @@ impl ImageHasher {
                 got: self.seen,
             });
         }
-        Ok(ImageFp(self.h.finalize().into()))
+        Ok(ImageFp(self.h.finish()))
     }
 }
 
@@ -454,6 +558,20 @@ pub fn image_fingerprint(
     pixels: &[u8],
 ) -> Result<ImageFp, FingerprintError> {
     let mut h = ImageHasher::new(model, grid, shape, dtype)?;
+    h.update(pixels);
+    h.finish()
+}
+
+/// [`image_fingerprint`] keyed with `secret` ([`ImageHasher::new_keyed`]).
+pub fn image_fingerprint_keyed(
+    secret: &TenantSecret,
+    model: &ModelFp,
+    grid: GridThw,
+    shape: &[u64],
+    dtype: Dtype,
+    pixels: &[u8],
+) -> Result<ImageFp, FingerprintError> {
+    let mut h = ImageHasher::new_keyed(secret, model, grid, shape, dtype)?;
     h.update(pixels);
     h.finish()
 }

@@ -1,7 +1,8 @@
 //! Fingerprints: every part matters, nothing else does, and inputs are validated.
 
 use moonagent_core::fingerprint::{
-    image_fingerprint, Dtype, FingerprintError, GridThw, ImageFp, ImageHasher, ModelFp, ModelParts,
+    image_fingerprint, image_fingerprint_keyed, Dtype, FingerprintError, GridThw, ImageFp,
+    ImageHasher, ModelFp, ModelParts, TenantSecret,
 };
 use proptest::prelude::*;
 
@@ -175,17 +176,74 @@ fn other_invalid_parts_name_their_field() {
             other => panic!("{name}: got {other:?}"),
         }
     }
+    // Each bound's edge is valid: one pixel range, and sizes and degrees of 1.
+    let mut edge = base();
+    edge.min_pixels = edge.max_pixels;
+    edge.spatial_merge_size = 1;
+    edge.patch_size = 1;
+    edge.parallel = moonagent_core::fingerprint::ParallelLayout { tp: 1, dp: 1 };
+    assert!(edge.fingerprint().is_ok(), "{edge:?}");
 }
+
+/// Keyed fingerprints' test secret: bytes 0, 1, ..., 31.
+const KEY: [u8; 32] = {
+    let mut k = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        k[i] = i as u8;
+        i += 1;
+    }
+    k
+};
 
 #[test]
 fn fingerprints_are_pinned() {
     // Pins the canonical encoding: a change here invalidates every cached embedding.
+    // `scripts/check_fingerprints.py` (run by scripts/test.sh) derives the same three
+    // values with Python's hashlib from the documented encoding.
     assert_eq!(model(&base()).to_string(), PINNED_MODEL_FP);
     assert_eq!(image(&base()).to_string(), PINNED_IMAGE_FP);
+    let keyed = image_fingerprint_keyed(
+        &TenantSecret::new(KEY),
+        &model(&base()),
+        GRID,
+        &SHAPE,
+        Dtype::F32,
+        &pixels(),
+    )
+    .expect("valid");
+    assert_eq!(keyed.to_string(), PINNED_KEYED_IMAGE_FP);
 }
 
 const PINNED_MODEL_FP: &str = "d4e26167b178b45268009f14dbbd16a4b40b77b3edae9e8329cad2156f2d3326";
 const PINNED_IMAGE_FP: &str = "00862aae28ebf2093d031d91749336aa958c8d13a037b21758627b0526f6f7f9";
+const PINNED_KEYED_IMAGE_FP: &str =
+    "cc870012d09ec6e6d95952e3eb9acccaa2a2405f6a723578b0adec815972d17f";
+
+#[test]
+fn keyed_fingerprints_depend_on_the_secret_and_stream_like_plain_ones() {
+    let m = model(&base());
+    let px = pixels();
+    let a = image_fingerprint_keyed(&TenantSecret::new(KEY), &m, GRID, &SHAPE, Dtype::F32, &px)
+        .expect("valid");
+    let mut other = KEY;
+    other[31] ^= 1;
+    let b = image_fingerprint_keyed(&TenantSecret::new(other), &m, GRID, &SHAPE, Dtype::F32, &px)
+        .expect("valid");
+    assert_ne!(a, b, "one key bit changes the fingerprint");
+    assert_ne!(a, image(&base()), "keyed differs from plain");
+    let mut h = ImageHasher::new_keyed(&TenantSecret::new(KEY), &m, GRID, &SHAPE, Dtype::F32)
+        .expect("valid");
+    for c in px.chunks(5) {
+        h.update(c);
+    }
+    assert_eq!(h.finish(), Ok(a));
+    assert_eq!(
+        format!("{:?}", TenantSecret::new(KEY)),
+        "TenantSecret(..)",
+        "Debug never prints the secret"
+    );
+}
 
 #[test]
 fn streamed_length_must_match_the_declared_shape() {

@@ -16,8 +16,11 @@ use moonagent_core::fork::{
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Runs `f` under loom, unbounded (the pool has one lock, so the interleavings are few
-/// enough to exhaust), and prints how many interleavings ran.
-fn model(f: impl Fn() + Sync + Send + 'static) {
+/// enough to exhaust), and asserts that at least `min` interleavings ran: the count loom
+/// 0.7 explores for the model as written, so a misconfigured run (a preemption bound, a
+/// `LOOM_MAX_PREEMPTIONS` or iteration cap in the environment, a model that no longer
+/// spawns its threads) fails instead of passing having explored little or nothing.
+fn model(min: usize, f: impl Fn() + Sync + Send + 'static) {
     let runs = std::sync::Arc::new(AtomicUsize::new(0));
     let counter = std::sync::Arc::clone(&runs);
     let mut b = loom::model::Builder::new();
@@ -26,9 +29,11 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
         counter.fetch_add(1, Ordering::Relaxed);
         f();
     });
-    eprintln!(
-        "loom explored {} interleavings",
-        runs.load(Ordering::Relaxed)
+    let n = runs.load(Ordering::Relaxed);
+    eprintln!("loom explored {n} interleavings (at least {min} expected)");
+    assert!(
+        n >= min,
+        "loom explored {n} interleavings, expected at least {min}"
     );
 }
 
@@ -61,7 +66,7 @@ fn assert_all_freed_once(p: &BlockPool, mut freed_so_far: u32, handles: &[SeqId]
 
 #[test]
 fn concurrent_release_of_branches_sharing_pages_frees_every_page_once() {
-    model(|| {
+    model(253, || {
         let p = pool(4, TailPolicy::CopyAtFork);
         // 3 tokens = 1 whole page + a 1-token tail; 3 branches: 1 shared + 3 tails.
         let parent = p.allocate(3).expect("capacity");
@@ -84,7 +89,7 @@ fn concurrent_release_of_branches_sharing_pages_frees_every_page_once() {
 
 #[test]
 fn fork_racing_release_of_the_parent_frees_every_page_once() {
-    model(|| {
+    model(4, || {
         let p = pool(4, TailPolicy::CopyAtFork);
         let parent = p.allocate(3).expect("capacity");
         let forker = {
@@ -113,7 +118,7 @@ fn fork_racing_release_of_the_parent_frees_every_page_once() {
 
 #[test]
 fn double_release_racing_itself_decrements_once() {
-    model(|| {
+    model(4, || {
         let p = pool(4, TailPolicy::CopyAtFork);
         let parent = p.allocate(4).expect("capacity");
         let out = p.fork(parent, 2).expect("admitted");
@@ -146,7 +151,7 @@ fn double_release_racing_itself_decrements_once() {
 
 #[test]
 fn copy_on_write_racing_release_of_the_sibling_frees_every_page_once() {
-    model(|| {
+    model(4, || {
         let p = pool(4, TailPolicy::CopyOnWrite);
         let parent = p.allocate(3).expect("capacity");
         let out = p.fork(parent, 2).expect("admitted");
@@ -166,7 +171,7 @@ fn copy_on_write_racing_release_of_the_sibling_frees_every_page_once() {
 
 #[test]
 fn racing_fork_requests_admit_exactly_one() {
-    model(|| {
+    model(14, || {
         let p = pool(4, TailPolicy::CopyAtFork);
         let parent = p.allocate(3).expect("capacity");
         let state = BranchState::new(vec![1, 2, 3], 9);

@@ -125,6 +125,35 @@ fn readback_is_counted_apart_from_hits() {
 }
 
 #[test]
+fn readback_verifies_the_checksum_and_deletes_a_corrupt_pair() {
+    // Deterministic: the blob put of the commit stores one flipped byte (FaultyStore).
+    for algo in [ChecksumAlgo::Xxh3_64, ChecksumAlgo::Blake2b64] {
+        let ctx = ctx().with_checksum(algo);
+        let mut c = cache();
+        let len = ctx.expect(GRID).expect("grid").byte_len;
+        let bytes = embedding(len, 9);
+        c.store_mut()
+            .push_fault_for(FaultKind::CorruptBlob, BLOB_PREFIX);
+        assert_eq!(
+            c.commit(0, &ctx, FP, GRID, &bytes),
+            Ok(CommitOutcome::Committed)
+        );
+        assert_eq!(c.store().injected(FaultKind::CorruptBlob), 1);
+        let exp = ctx.expect(GRID).expect("grid");
+        let mut buf = vec![0u8; bytes.len()];
+        let r = c.readback(MS, &FP, &exp, &mut buf);
+        assert_eq!(r, Ok(Lookup::Miss(MissReason::CorruptBlob)), "{algo:?}");
+        only_miss(c.counters(), MissReason::CorruptBlob);
+        let k = c.counters();
+        assert_eq!((k.readbacks, k.readback_misses, k.hits), (1, 1, 0));
+        assert_eq!(k.pairs_deleted, 1);
+        let s = c.store_mut().inner_mut();
+        assert!(!s.exists(0, &blob_key(&FP)).expect("exists"));
+        assert!(!s.exists(0, &meta_key(&FP)).expect("exists"));
+    }
+}
+
+#[test]
 fn every_miss_reason_is_counted_under_its_own_name() {
     let base = ctx();
     // not_found: nothing committed.

@@ -190,6 +190,33 @@ fn failed_readback_falls_back_to_the_encoders_bytes_and_is_counted() {
 }
 
 #[test]
+fn corrupt_blob_on_readback_is_a_miss_and_the_encoders_bytes_are_used() {
+    // The blob put of the commit stores flipped bytes: the readback must verify the
+    // checksum, miss, delete the pair and fall back; a readback that skips the checksum
+    // would hand the flipped bytes to the request.
+    let ctx = ctx();
+    let mut c = MmCache::new(FaultyStore::new(store(), 5));
+    c.store_mut().push_fault_for(
+        FaultKind::CorruptBlob,
+        moonagent_core::mm_cache::BLOB_PREFIX,
+    );
+    let a = img(1, 1, 2, 2);
+    let plan = c.run_request(0, &ctx, &[a], toy_encoder).expect("run");
+    assert_eq!(c.store().injected(FaultKind::CorruptBlob), 1);
+    assert_eq!(
+        plan.segments[0].readback,
+        Some(Lookup::Miss(
+            moonagent_core::mm_cache::MissReason::CorruptBlob
+        ))
+    );
+    check_outputs(&plan);
+    let k = c.counters();
+    assert_eq!((k.readback_hits, k.readback_misses), (0, 1));
+    assert_eq!((k.readback_fallbacks, k.pairs_deleted), (1, 1));
+    assert_eq!(k.misses.corrupt_blob, 1);
+}
+
+#[test]
 fn encoder_failure_and_bad_input_are_errors() {
     let ctx = ctx();
     let mut c = MmCache::new(store());

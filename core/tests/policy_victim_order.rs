@@ -113,6 +113,27 @@ fn type_aware_reuse_scale_and_grace_reorder_types() {
 }
 
 #[test]
+fn type_aware_grace_alone_reverses_the_order_of_two_types() {
+    // Same reuse scale and weight: only the grace separates the types, so a policy that
+    // ignores `eviction_grace_ms` plans the other order.
+    let plan = |grace_ms: u64, target: u64, lower: u64| {
+        let mut p = type_aware(|c| c.types.encoder_output.eviction_grace_ms = grace_ms);
+        let mut t = Table::new(1000);
+        t.insert(&mut p, meta(10, EO, 0)); // 100 - 0 - 50 = 50 ms (100 without grace)
+        t.insert(&mut p, meta(10, KV, 30 * MS)); // 70 ms
+        t.insert(&mut p, meta(10, EO, 20 * MS)); // 80 - 50 = 30 ms (80 without grace)
+        t.insert(&mut p, meta(10, KV, 60 * MS)); // 40 ms
+        t.evict(&mut p, &t.req(100 * MS, target, lower))
+    };
+    assert_eq!(plan(50, 4, 2), [1, 0, 3, 2]);
+    // A quota of one takes the KV object, not the older encoder output.
+    assert_eq!(plan(50, 1, 1), [1]);
+    // Without the grace the encoder outputs go first (the baseline this test separates).
+    assert_eq!(plan(0, 4, 2), [0, 2, 1, 3]);
+    assert_eq!(plan(0, 1, 1), [0]);
+}
+
+#[test]
 fn type_aware_rejects_invalid_knobs_naming_the_field() {
     for (json, field) in [
         (
@@ -177,6 +198,57 @@ fn type_aware_budget_zero_puts_the_type_first_and_budget_one_never_triggers() {
     });
     let mut t = table(&mut p);
     assert_eq!(t.evict(&mut p, &t.req(100 * MS, 3, 2)), [0, 3, 1]);
+}
+
+#[test]
+fn type_aware_soft_pass_sees_the_bytes_the_unpinned_pass_freed() {
+    // One run, two passes: resident bytes per type carry from the unpinned pass into the
+    // soft-pinned one. EO has a 300-byte budget; KV none. One unpinned candidate, and a
+    // lower bound of 2, so the soft pass takes one.
+    let run = |eo_leased: u64| {
+        let mut p = type_aware(|c| c.types.encoder_output.budget_ratio = Some(0.3));
+        let mut t = Table::new(1000);
+        t.insert(&mut p, meta(100, EO, 50 * MS)); // 0: unpinned EO, age 50
+        t.insert(&mut p, soft(meta(100, EO, 60 * MS))); // 1: soft EO, age 40
+        t.insert(&mut p, soft(meta(100, KV, 10 * MS))); // 2: soft KV, age 90
+        t.insert(&mut p, meta(eo_leased, EO, 500 * MS)); // 3: leased EO, resident only
+        t.evict(&mut p, &t.req(100 * MS, 1, 2))
+    };
+    // EO resident 400 > 300: the unpinned pass takes the EO by budget (-100 -> 300), so
+    // in the soft pass EO is within budget and the soft victim is the oldest, the KV.
+    assert_eq!(run(200), [0, 2]);
+    // EO resident 300 = budget: the unpinned pass takes the EO by age (-100 -> 200); the
+    // soft pass again goes by age.
+    assert_eq!(run(100), [0, 2]);
+    // EO resident 500: 400 after the unpinned pass, still over: the soft EO goes first.
+    assert_eq!(run(300), [0, 1]);
+}
+
+#[test]
+fn every_policy_evicts_zero_size_objects() {
+    // A put of an empty payload is legal, so a zero-size object can be a victim: no
+    // policy may divide by its size or treat it as absent.
+    for c in all_configs() {
+        let mut p = c.build().expect("valid");
+        let mut t = Table::new(1000);
+        t.insert(p.as_mut(), meta(0, KV, 0));
+        t.insert(p.as_mut(), meta(0, EO, 0));
+        t.insert(p.as_mut(), meta(10, GEN, 0));
+        let v = t.evict(p.as_mut(), &t.req(100 * MS, 3, 3));
+        assert_eq!(v.len(), 3, "{}: {v:?}", p.name());
+    }
+}
+
+#[test]
+fn every_policy_is_named_as_its_config() {
+    // Names label every report and replay column: each built policy says its config tag.
+    for c in all_configs() {
+        let tag = serde_json::to_value(&c).expect("serializes")["policy"]
+            .as_str()
+            .expect("tagged")
+            .to_owned();
+        assert_eq!(c.build().expect("valid").name(), tag);
+    }
 }
 
 #[test]

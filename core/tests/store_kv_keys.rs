@@ -1,6 +1,6 @@
 //! The prefix-KV fast path is the string path: `exists_kv(b)` / `put_kv(b)` on a store give
 //! the same results, stats and keys as `exists("kv:<b>")` / `put("kv:<b>")`, for both key
-//! types (INVARIANTS S7).
+//! types (INVARIANTS S10).
 
 use moonagent_core::store::{
     DataType, MemStore, MemStoreConfig, Payload, ReplicateConfig, Store, StoreKey, StrKey,

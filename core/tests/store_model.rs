@@ -21,14 +21,43 @@ use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Put { key: u8, size: u8, pin: u8, dt: u8 },
-    PutStart { key: u8, size: u8 },
-    PutEnd { key: u8 },
-    Revoke { key: u8 },
-    Get { key: u8 },
-    Exists { key: u8 },
-    Remove { key: u8, force: bool },
-    Wait { ms: u16 },
+    Put {
+        key: u8,
+        size: u8,
+        pin: u8,
+        dt: u8,
+    },
+    PutStart {
+        key: u8,
+        size: u8,
+    },
+    PutEnd {
+        key: u8,
+    },
+    Revoke {
+        key: u8,
+    },
+    Get {
+        key: u8,
+    },
+    Exists {
+        key: u8,
+    },
+    Remove {
+        key: u8,
+        force: bool,
+    },
+    Wait {
+        ms: u16,
+    },
+    /// A read that spans time opens (`Store::begin_read`) ...
+    BeginRead {
+        key: u8,
+    },
+    /// ... and closes (`Store::end_read`); objects read in between are never evicted.
+    EndRead {
+        key: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -41,6 +70,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..24).prop_map(|key| Op::Exists { key }),
         1 => (0u8..24, any::<bool>()).prop_map(|(key, force)| Op::Remove { key, force }),
         2 => (0u16..3000).prop_map(|ms| Op::Wait { ms }),
+        1 => (0u8..24).prop_map(|key| Op::BeginRead { key }),
+        1 => (0u8..24).prop_map(|key| Op::EndRead { key }),
     ]
 }
 
@@ -52,6 +83,8 @@ struct M {
     soft_until: Option<u64>,
     lease: u64,
     put_time: u64,
+    /// Reads open on it (`begin_read` without its `end_read` yet).
+    readers: u32,
 }
 
 struct Model {
@@ -65,7 +98,7 @@ impl Model {
         self.objs.values().map(|m| m.bytes.len() as u64).sum()
     }
     fn candidate(&self, m: &M, now: u64) -> Candidate {
-        if !m.complete || m.hard || now < m.lease {
+        if !m.complete || m.hard || m.readers > 0 || now < m.lease {
             Candidate::No
         } else if m.soft_until.is_some_and(|t| now < t) {
             Candidate::SoftPinned
@@ -195,6 +228,7 @@ fn run<K: StrKey>(ops: Vec<Op>, interval: u64) {
                             soft_until: rc.soft_pin.then_some(now + cfg.soft_pin_ttl_ns),
                             lease: now,
                             put_time: now,
+                            readers: 0,
                         },
                     );
                 } else if let Some(o) = m.objs.get(&k) {
@@ -228,6 +262,7 @@ fn run<K: StrKey>(ops: Vec<Op>, interval: u64) {
                                     soft_until: None,
                                     lease: now,
                                     put_time: now,
+                                    readers: 0,
                                 },
                             );
                         }
@@ -295,7 +330,9 @@ fn run<K: StrKey>(ops: Vec<Op>, interval: u64) {
                 match m.objs.get(&k) {
                     None => assert_eq!(r, Err(StoreError::NotFound)),
                     Some(o) if !o.complete => assert_eq!(r, Err(StoreError::NotReady)),
-                    Some(o) if !force && now < o.lease => assert_eq!(r, Err(StoreError::HasLease)),
+                    Some(o) if !force && (now < o.lease || o.readers > 0) => {
+                        assert_eq!(r, Err(StoreError::HasLease))
+                    }
                     Some(_) => {
                         assert_eq!(r, Ok(()));
                         m.objs.remove(&k);
@@ -303,6 +340,33 @@ fn run<K: StrKey>(ops: Vec<Op>, interval: u64) {
                 }
             }
             Op::Wait { .. } => s.advance(now),
+            Op::BeginRead { key } => {
+                let k = name(key);
+                let r = s.begin_read(now, &k);
+                match m.objs.get_mut(&k) {
+                    None => assert_eq!(r, Err(StoreError::NotFound)),
+                    Some(o) if !o.complete => assert_eq!(r, Err(StoreError::NotReady)),
+                    Some(o) => {
+                        assert_eq!(r, Ok(o.bytes.len() as u64));
+                        o.lease = o.lease.max(now + cfg.kv_lease_ttl_ns);
+                        o.readers += 1;
+                    }
+                }
+            }
+            Op::EndRead { key } => {
+                let k = name(key);
+                let r = s.end_read(now, &k);
+                match m.objs.get_mut(&k) {
+                    None => assert_eq!(r, Err(StoreError::NotFound)),
+                    Some(o) if o.readers == 0 => {
+                        assert!(matches!(r, Err(StoreError::InvalidParams(_))), "{r:?}")
+                    }
+                    Some(o) => {
+                        assert_eq!(r, Ok(()));
+                        o.readers -= 1;
+                    }
+                }
+            }
         }
         if sync {
             m.sync_evictions(&s, now, true);
@@ -322,6 +386,7 @@ fn run<K: StrKey>(ops: Vec<Op>, interval: u64) {
             let meta = K::with_lookup(k, |q| s.peek(q)).expect("model object present in store");
             assert_eq!(meta.complete, o.complete);
             assert_eq!(meta.lease_timeout, o.lease, "lease of {k}");
+            assert_eq!(meta.readers, o.readers, "readers of {k}");
         }
     }
 }

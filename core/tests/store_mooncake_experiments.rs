@@ -9,6 +9,13 @@
 //!   and which reads survive, oldest-first order);
 //! - within a stated band, the counts that do (experiments 1, 2, 4, 5).
 //!
+//! Every band is two-sided and centred on the real master's value: +-3% of it (the real
+//! runs were single runs, so the master's own spread is unknown; 3% is the largest
+//! distance between a `MemStore` count and the master's here, exp 2's 171 vs 167). The
+//! no-space counts of experiments 1 and 2, which the one-shard model does not reproduce
+//! (below), are asserted at the model's exact value with the master's beside it, so a
+//! change in either the model or the explanation shows.
+//!
 //! Why the bands, not exact counts: the real master splits pass 1 of `BatchEvict` across
 //! 1,024 hash shards, each evicting its share of the target in its own lease order, and a
 //! shard whose objects are all leased gives up its share (pass 2 tops up only to the lower
@@ -44,6 +51,11 @@ fn put(
 
 fn alive(s: &MemStore<String>, k: &str) -> bool {
     s.peek(k).is_some()
+}
+
+/// Within 3% of the real master's `real`, on both sides (module docs).
+fn within_3pct(got: u64, real: u64) -> bool {
+    got.abs_diff(real) * 100 <= 3 * real
 }
 
 fn evicted(s: &MemStore<String>) -> u64 {
@@ -83,13 +95,11 @@ fn exp1_pinned_survive_and_unpinned_evicted_oldest_first() {
     for k in ["soft-0", "soft-1", "hard-0", "hard-1"] {
         assert!(alive(&s, k), "{k} must survive");
     }
-    // Band: the real master's 599 ok / 385 evicted, within the shard effect described above.
-    assert!(
-        ok >= 599 && ok + no_space == 600,
-        "ok={ok} no_space={no_space}"
-    );
+    // The real master: 599 ok, 1 x -200 (the shard effect of the module docs); one shard
+    // evicts the full target every tick, so the segment never fills at this pace.
+    assert_eq!((ok, no_space), (600, 0), "real master 599 ok, 1 x -200");
     let ev = evicted(&s);
-    assert!((370..=392).contains(&ev), "evicted {ev}, real master 385");
+    assert!(within_3pct(ev, 385), "evicted {ev}, real master 385");
     // Oldest first: the survivors among the 600 are exactly the newest ones.
     let survivors: Vec<usize> = (0..600).filter(|&i| alive(&s, &key(i))).collect();
     let first = survivors[0];
@@ -141,11 +151,11 @@ fn exp2_read_objects_survive_by_lease() {
     );
     let newest = (200..600).filter(|&i| alive(&s, &key(i))).count();
     assert!(
-        (160..=185).contains(&newest),
+        within_3pct(newest as u64, 167),
         "{newest} of the newest 400 survive, real master 167"
     );
     // The shard effect (module docs) gives the real master 18 x -200; one shard gives none.
-    assert!(no_space <= 18, "no_space={no_space}");
+    assert_eq!(no_space, 0, "real master 18 x -200");
 }
 
 /// Experiment 3: put then get every object (all leased), 512 puts.
@@ -173,8 +183,10 @@ fn exp3_all_leased_fills_to_full_then_every_put_fails() {
 
 /// Experiment 4: as 3 with lease 500 ms, high watermark 0.8, eviction ratio 0.1.
 /// Real: 391 ok, 121 x -200. The outcome is a function of the client's put+get cycle time
-/// against the 500 ms lease, which the real run did not record; at a 1.35 ms cycle (the
-/// README's loopback put + get of 1 MiB takes 1-2 ms) the model gives the real count.
+/// against the 500 ms lease, which the real run did not record. What is checked without
+/// fitting: the count grows with the cycle time, and over the README's loopback range
+/// (a put + get of 1 MiB takes 1-2 ms) it spans the real 391 strictly. The 1.35 ms cycle
+/// was fitted to give the real count, so the check there is a consistency check only.
 /// The test also pins the two timing-free ends: a fast client (0.5 ms) fills the segment
 /// and then fails like experiment 3; a slow one (3 ms) never fails.
 #[test]
@@ -203,10 +215,16 @@ fn exp4_short_lease_frees_space_as_leases_expire() {
         512,
         "slow client: leases expire faster than the segment fills"
     );
+    let grid: Vec<u64> = [1000, 1250, 1500, 1750, 2000].map(run).to_vec();
+    assert!(grid.windows(2).all(|w| w[0] <= w[1]), "{grid:?}");
+    assert!(
+        grid[0] < 391 && 391 < grid[4],
+        "{grid:?} over 1-2 ms/cycle must span the real master's 391"
+    );
     let at_fit = run(1350);
     assert!(
-        (376..=406).contains(&at_fit),
-        "{at_fit} ok at 1.35 ms/cycle, real master 391"
+        within_3pct(at_fit, 391),
+        "consistency at the fitted 1.35 ms/cycle: {at_fit} ok, real master 391"
     );
 }
 
@@ -242,7 +260,7 @@ fn exp5_unpinned_go_before_any_soft_pinned() {
         "oldest soft-pinned go first"
     );
     assert!(
-        (220..=235).contains(&soft_alive.len()),
+        within_3pct(soft_alive.len() as u64, 229),
         "{} soft survive, real master 229",
         soft_alive.len()
     );

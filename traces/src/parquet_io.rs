@@ -587,6 +587,33 @@ pub struct ParquetReader {
     done: bool,
 }
 
+thread_local! {
+    /// Set while this thread runs the Parquet decoder under [`quietly`].
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `f` (third-party decoding of untrusted bytes), turning a panic into `Err` without
+/// the panic hook printing it: a corrupt file is an error the reader returns naming the
+/// file, and nothing else may appear on stderr. Validating every page up front would mean
+/// reimplementing the decoder, so this is the last resort, kept narrow: a hook installed
+/// once per process stays silent only on a thread inside `quietly` and hands every other
+/// panic (a failing test, a bug elsewhere) to the hook that was there before.
+fn quietly<R>(f: impl FnOnce() -> R) -> std::thread::Result<R> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(std::cell::Cell::get) {
+                prev(info);
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let r = catch_unwind(AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    r
+}
+
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
@@ -613,7 +640,7 @@ impl ParquetReader {
     fn from_chunks<T: ChunkReader + 'static>(input: T, file: &Path) -> Result<Self, TraceError> {
         // The decoder is third-party code fed untrusted bytes: a panic inside it becomes an
         // error naming the file rather than taking the process down.
-        let built = catch_unwind(AssertUnwindSafe(|| {
+        let built = quietly(|| {
             let b = ParquetRecordBatchReaderBuilder::try_new(input)?;
             let kv = b
                 .metadata()
@@ -624,7 +651,7 @@ impl ParquetReader {
             let schema = b.schema().clone();
             let reader = b.with_batch_size(BATCH_ROWS).build()?;
             Ok::<_, parquet::errors::ParquetError>((kv, schema, reader))
-        }));
+        });
         let (kv, schema, reader) = match built {
             Ok(Ok(x)) => x,
             Ok(Err(e)) => {
@@ -729,7 +756,7 @@ impl ParquetReader {
             let Some(reader) = self.inner.as_mut() else {
                 return Ok(None);
             };
-            let next = catch_unwind(AssertUnwindSafe(|| reader.next()));
+            let next = quietly(|| reader.next());
             let at = Location::Row(self.row + 1);
             match next {
                 Ok(None) => return Ok(None),

@@ -16,11 +16,11 @@ fn bridge() -> Option<BridgeStore> {
     match BridgeStore::from_env() {
         Some(Ok(s)) => Some(s),
         Some(Err(e)) => panic!("{BRIDGE_ENV} is set but the bridge is unreachable: {e}"),
-        None if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("{BRIDGE_ENV} is not set under CI=true: .ci/run must start the store with scripts/mooncake.sh up")
-        }
         None => {
-            eprintln!("skipped: {BRIDGE_ENV} not set (start a real store with `scripts/mooncake.sh up` and export what it prints)");
+            // Panics under CI=true, where .ci/run must start the store.
+            moonagent_traces::skip_test(&format!(
+                "{BRIDGE_ENV} not set (start a real store with `scripts/mooncake.sh up` and export what it prints)"
+            ));
             None
         }
     }

@@ -12,6 +12,13 @@
 //! never panics on arbitrary bytes: every malformed input is an error with a reason.
 //! An envelope of another schema version decodes to [`EnvelopeError::SchemaMismatch`]
 //! (a plain miss), everything else that fails is corruption.
+//!
+//! Authentication (off by default; [`Envelope::auth`] absent and not serialized, so
+//! default envelopes are byte-identical to those before it existed): a writer with a
+//! tenant secret names how the image fingerprint was made ([`FpScheme`]) and may add a
+//! [`EnvelopeMac`], a keyed BLAKE2b-256 over the envelope's fields and the blob
+//! ([`mac_of`]). The frame checksum and the blob checksum detect corruption; only the
+//! MAC detects tampering, since anyone can recompute a checksum.
 
 use blake2::digest::consts::U8;
 use blake2::{Blake2b, Digest};
@@ -19,7 +26,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::fingerprint::{Dtype, GridThw, ImageFp, ModelFp, ModelParts};
+use crate::fingerprint::{Dtype, FpScheme, GridThw, ImageFp, ModelFp, ModelParts, TenantSecret};
 
 /// The schema version this build writes and accepts.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -108,6 +115,121 @@ mod hex_u64 {
     }
 }
 
+/// MAC algorithm, named in the envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MacAlgo {
+    /// BLAKE2b-256 keyed with the tenant's secret (RFC 7693 keyed mode).
+    #[serde(rename = "blake2b_256_keyed")]
+    Blake2b256Keyed,
+}
+
+/// A MAC over an envelope and its blob (serialized as 64 hex digits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvelopeMac {
+    /// Algorithm.
+    pub algo: MacAlgo,
+    /// Tag.
+    #[serde(with = "hex_32")]
+    pub tag: [u8; 32],
+}
+
+/// How an envelope was authenticated by its writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Auth {
+    /// How the image fingerprint (the cache key) was made.
+    pub fp: FpScheme,
+    /// MAC over the envelope's fields and the blob; `None` when the writer keyed only
+    /// its fingerprints.
+    pub mac: Option<EnvelopeMac>,
+}
+
+mod hex_32 {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(v: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&ImageFp(*v))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse::<ImageFp>()
+            .map(|f| f.0)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Domain tag of envelope MACs (the image fingerprint's key uses another).
+const MAC_DOMAIN: &[u8] = b"moonagent.envelope-mac.v1";
+
+/// The blob a MAC covers: its bytes, or only its length for a size-only pair.
+#[derive(Debug, Clone, Copy)]
+pub enum MacBlob<'a> {
+    /// The blob's bytes.
+    Bytes(&'a [u8]),
+    /// A size-only blob of this many bytes (the simulator; no bytes exist).
+    SizeOnly(u64),
+}
+
+/// The MAC of `env` (every field but `auth.mac`; `model_parts` through `model_fp`, which
+/// readers compare with their own) and `blob`, under `secret`: keyed BLAKE2b-256 over a
+/// domain tag and length-prefixed `(name, value)` fields, as the fingerprints encode.
+pub fn mac_of(secret: &TenantSecret, env: &Envelope, blob: MacBlob<'_>) -> [u8; 32] {
+    use blake2::digest::Mac;
+    let mut h = secret.mac();
+    let mut field = |name: &str, value: &[u8]| {
+        h.update(&(name.len() as u64).to_le_bytes());
+        h.update(name.as_bytes());
+        h.update(&(value.len() as u64).to_le_bytes());
+        h.update(value);
+    };
+    field("domain", MAC_DOMAIN);
+    field(
+        "schema_version",
+        &u64::from(env.schema_version).to_le_bytes(),
+    );
+    field("fp", &env.fp.0);
+    field(
+        "fp_scheme",
+        match env.auth.map(|a| a.fp) {
+            Some(FpScheme::Keyed) => b"blake2b_256_keyed",
+            _ => b"blake2b_256",
+        },
+    );
+    field("tenant", env.tenant.as_bytes());
+    field("model_fp", &env.model_fp.0);
+    field("dtype", env.dtype.name().as_bytes());
+    field("shape.tokens", &env.shape[0].to_le_bytes());
+    field("shape.hidden", &env.shape[1].to_le_bytes());
+    field("grid_thw", &env.grid_thw.to_le_bytes());
+    field("byte_len", &env.byte_len.to_le_bytes());
+    match env.checksum {
+        Some(c) => {
+            field("checksum.algo", c.algo.name().as_bytes());
+            field("checksum.value", &c.value.to_le_bytes());
+        }
+        None => field("checksum.algo", b"none"),
+    }
+    match blob {
+        MacBlob::Bytes(b) => field("blob", b),
+        MacBlob::SizeOnly(n) => field("blob.size_only", &n.to_le_bytes()),
+    }
+    h.finalize().into_bytes().into()
+}
+
+/// Whether `tag` is the MAC of `env` and `blob` under `secret` (constant-time compare).
+pub fn mac_verifies(
+    secret: &TenantSecret,
+    env: &Envelope,
+    blob: MacBlob<'_>,
+    tag: &[u8; 32],
+) -> bool {
+    let want = mac_of(secret, env, blob);
+    // Constant time: no early exit on the first differing byte.
+    want.iter().zip(tag).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
 /// The meta envelope of one cached embedding.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -132,6 +254,10 @@ pub struct Envelope {
     pub byte_len: u64,
     /// Blob checksum; `None` when the pair was committed size-only (no bytes to check).
     pub checksum: Option<Checksum>,
+    /// Authentication by a writer with a tenant secret; absent by default (and then not
+    /// serialized at all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<Auth>,
 }
 
 /// Why bytes are not a valid envelope.
@@ -394,6 +520,7 @@ mod tests {
             grid_thw: GridThw::new(1, 4, 4),
             byte_len: 64,
             checksum: Some(Checksum::of(ChecksumAlgo::Xxh3_64, b"abc")),
+            auth: None,
         }
     }
 

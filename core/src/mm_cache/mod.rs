@@ -22,6 +22,17 @@
 //! validates the envelope exactly as a bytes lookup does, then checks the blob's size
 //! with `get_size` (no bytes, so no checksum). A bytes lookup of a size-only pair is a
 //! miss ([`MissReason::SizeOnly`]), never a hit on unchecked bytes.
+//!
+//! Tenant isolation and integrity (both off by default; default keys, envelopes and
+//! counters are byte-identical to a build without them): [`ModelCtx::with_keyed_fingerprints`]
+//! makes image fingerprints keyed with a [`TenantSecret`], so no other tenant can compute
+//! (find or probe) this tenant's keys; [`ModelCtx::with_mac`] adds a keyed BLAKE2b MAC over
+//! the envelope and the blob ([`envelope::mac_of`]), so a writer without the secret cannot
+//! plant a pair any lookup accepts. Both are named in the envelope ([`Auth`]); a reader
+//! accepts a pair only when the envelope's authentication is exactly its own and the MAC
+//! verifies, and counts every other outcome as [`MissReason::Unauthenticated`]. Keyed
+//! contexts bypass the envelope memo (a template is a family of envelopes that differ only
+//! in the fingerprint; MACs differ per pair), so the unkeyed hot path is unchanged.
 
 pub mod demo;
 pub mod envelope;
@@ -33,12 +44,16 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::fingerprint::{Dtype, FingerprintError, GridThw, ImageFp, ModelFp, ModelParts};
+use crate::fingerprint::{
+    image_fingerprint, image_fingerprint_keyed, Dtype, FingerprintError, FpScheme, GridThw,
+    ImageFp, ModelFp, ModelParts, TenantSecret,
+};
 use crate::store::{DataType, Nanos, Payload, ReplicateConfig, Store, StoreError};
-use envelope::{FpHex, Template};
+use envelope::{mac_of, mac_verifies, FpHex, MacBlob, Template};
 
 pub use envelope::{
-    Checksum, ChecksumAlgo, Envelope, EnvelopeError, MAX_META_BYTES, SCHEMA_VERSION,
+    Auth, Checksum, ChecksumAlgo, Envelope, EnvelopeError, EnvelopeMac, MacAlgo, MAX_META_BYTES,
+    SCHEMA_VERSION,
 };
 pub use plan::{EncodeJob, ImageInput, Plan, PlanMode, Segment, SegmentSource};
 
@@ -137,11 +152,16 @@ pub enum MissReason {
     SizeOnly,
     /// Any other store error on a read (counted, treated as a miss).
     StoreError,
+    /// The envelope's authentication is not exactly the reader's (keyed fingerprints, MAC
+    /// on or off), or its MAC does not verify under the reader's secret: a pair another
+    /// tenant or a writer without the secret planted. Not deleted (the owner's next
+    /// commit replaces it).
+    Unauthenticated,
 }
 
 impl MissReason {
     /// Every reason, in counter order.
-    pub const ALL: [MissReason; 18] = [
+    pub const ALL: [MissReason; 19] = [
         MissReason::NotFound,
         MissReason::NotReady,
         MissReason::BlobMissing,
@@ -160,6 +180,7 @@ impl MissReason {
         MissReason::LeaseExpired,
         MissReason::SizeOnly,
         MissReason::StoreError,
+        MissReason::Unauthenticated,
     ];
 
     /// Stable snake_case name.
@@ -183,6 +204,7 @@ impl MissReason {
             MissReason::LeaseExpired => "lease_expired",
             MissReason::SizeOnly => "size_only",
             MissReason::StoreError => "store_error",
+            MissReason::Unauthenticated => "unauthenticated",
         }
     }
 
@@ -231,6 +253,14 @@ pub struct MissCounts {
     pub size_only: u64,
     /// [`MissReason::StoreError`].
     pub store_error: u64,
+    /// [`MissReason::Unauthenticated`] (serialized only when non-zero, so unkeyed runs
+    /// write the counters they always wrote).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unauthenticated: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl MissCounts {
@@ -254,6 +284,7 @@ impl MissCounts {
             MissReason::LeaseExpired => &mut self.lease_expired,
             MissReason::SizeOnly => &mut self.size_only,
             MissReason::StoreError => &mut self.store_error,
+            MissReason::Unauthenticated => &mut self.unauthenticated,
         }
     }
 
@@ -352,6 +383,10 @@ pub struct ModelCtx {
     embed_dtype: Dtype,
     hidden: u64,
     checksum: ChecksumAlgo,
+    /// Keys image fingerprints ([`ModelCtx::with_keyed_fingerprints`]).
+    fp_secret: Option<TenantSecret>,
+    /// MACs envelopes and blobs ([`ModelCtx::with_mac`]).
+    mac_secret: Option<TenantSecret>,
 }
 
 impl ModelCtx {
@@ -371,7 +406,55 @@ impl ModelCtx {
             fp,
             hidden,
             checksum: ChecksumAlgo::Xxh3_64,
+            fp_secret: None,
+            mac_secret: None,
         })
+    }
+
+    /// Key image fingerprints with `secret` ([`ModelCtx::image_fingerprint`]); named in
+    /// the envelopes this context commits and required of those it accepts.
+    pub fn with_keyed_fingerprints(mut self, secret: TenantSecret) -> Self {
+        self.fp_secret = Some(secret);
+        self
+    }
+
+    /// MAC every envelope and blob this context commits with `secret`, and accept only
+    /// pairs whose MAC verifies under it.
+    pub fn with_mac(mut self, secret: TenantSecret) -> Self {
+        self.mac_secret = Some(secret);
+        self
+    }
+
+    /// Whether either option is on (such contexts bypass the envelope memo).
+    pub fn is_keyed(&self) -> bool {
+        self.fp_secret.is_some() || self.mac_secret.is_some()
+    }
+
+    /// The authentication this context writes and requires (`None` when unkeyed).
+    fn auth(&self) -> Option<Auth> {
+        self.is_keyed().then(|| Auth {
+            fp: if self.fp_secret.is_some() {
+                FpScheme::Keyed
+            } else {
+                FpScheme::Plain
+            },
+            mac: None,
+        })
+    }
+
+    /// The image fingerprint of a processed pixel tensor under this context: keyed when
+    /// [`ModelCtx::with_keyed_fingerprints`] is on, plain otherwise.
+    pub fn image_fingerprint(
+        &self,
+        grid: GridThw,
+        shape: &[u64],
+        dtype: Dtype,
+        pixels: &[u8],
+    ) -> Result<ImageFp, FingerprintError> {
+        match &self.fp_secret {
+            Some(k) => image_fingerprint_keyed(k, &self.fp, grid, shape, dtype, pixels),
+            None => image_fingerprint(&self.fp, grid, shape, dtype, pixels),
+        }
     }
 
     /// Use `dtype` for embeddings (e.g. bf16 outputs of an fp8 encoder).
@@ -468,6 +551,7 @@ impl Expected<'_> {
             grid_thw: self.grid,
             byte_len: self.byte_len,
             checksum,
+            auth: self.ctx.auth(),
         }
     }
 
@@ -475,8 +559,23 @@ impl Expected<'_> {
     fn check(&self, fp: &ImageFp, env: &Envelope) -> Option<MissReason> {
         if env.fp != *fp {
             Some(MissReason::KeyMismatch)
+        } else if !self.auth_matches(env) {
+            Some(MissReason::Unauthenticated)
         } else {
             self.check_rest(env)
+        }
+    }
+
+    /// Whether `env` names exactly this reader's authentication: the same fingerprint
+    /// scheme, and a MAC of the named algorithm exactly when the reader has a MAC secret
+    /// (the tag itself is verified with the blob).
+    fn auth_matches(&self, env: &Envelope) -> bool {
+        match (self.ctx.auth(), env.auth) {
+            (None, None) => true,
+            (Some(want), Some(got)) => {
+                want.fp == got.fp && got.mac.is_some() == self.ctx.mac_secret.is_some()
+            }
+            _ => false,
         }
     }
 
@@ -564,6 +663,9 @@ struct Validated {
     miss: Option<MissReason>,
     byte_len: u64,
     checksum: Option<Checksum>,
+    /// The decoded envelope, kept only when the reader verifies a MAC (boxed so the hot
+    /// path moves a pointer, not an envelope).
+    mac_env: Option<Box<Envelope>>,
 }
 
 /// Store options for cache objects.
@@ -691,7 +793,8 @@ impl<S: Store> MmCache<S> {
             )));
         }
         let sum = Checksum::of(ctx.checksum, bytes);
-        let env = exp.envelope(fp, Some(sum));
+        let mut env = exp.envelope(fp, Some(sum));
+        seal(ctx, &mut env, MacBlob::Bytes(bytes));
         let r = match env.encode() {
             Ok(meta) => {
                 self.set_keys(&fp);
@@ -727,8 +830,10 @@ impl<S: Store> MmCache<S> {
         exp: &Expected<'_>,
         fp: &ImageFp,
     ) -> Result<Vec<u8>, EnvelopeError> {
-        if !self.memo.on {
-            return exp.envelope(*fp, None).encode();
+        if !self.memo.on || exp.ctx.is_keyed() {
+            let mut env = exp.envelope(*fp, None);
+            seal(exp.ctx, &mut env, MacBlob::SizeOnly(exp.byte_len));
+            return env.encode();
         }
         let key = exp.template_key();
         if let Some(t) = self.memo.templates.get(&key) {
@@ -931,7 +1036,8 @@ impl<S: Store> MmCache<S> {
         expect: &Expected<'_>,
     ) -> Result<Validated, MissReason> {
         let bytes = self.meta_buf.get(..n);
-        let key = self.memo.on.then(|| expect.template_key());
+        // Keyed contexts never use templates (see the module docs).
+        let key = (self.memo.on && !expect.ctx.is_keyed()).then(|| expect.template_key());
         if let (Some(b), Some(key)) = (bytes, key) {
             if let Some(t) = self.memo.templates.get(&key) {
                 if let Some(same) = t.recognize(b, &self.hex) {
@@ -947,6 +1053,7 @@ impl<S: Store> MmCache<S> {
                         miss,
                         byte_len: env.byte_len,
                         checksum: env.checksum,
+                        mac_env: None,
                     });
                 }
             }
@@ -967,11 +1074,39 @@ impl<S: Store> MmCache<S> {
                 self.memo.learn(key, &env, None);
             }
         }
+        let (byte_len, checksum) = (env.byte_len, env.checksum);
+        let mac_env = (expect.ctx.mac_secret.is_some() && miss.is_none()).then(|| Box::new(env));
         Ok(Validated {
             miss,
-            byte_len: env.byte_len,
-            checksum: env.checksum,
+            byte_len,
+            checksum,
+            mac_env,
         })
+    }
+
+    /// A blob that passed its checks is a hit, unless the reader verifies MACs and the
+    /// envelope's tag is not the MAC of the envelope and `blob` under its secret.
+    fn authenticated(
+        &mut self,
+        now: Nanos,
+        expect: &Expected<'_>,
+        env: &Validated,
+        blob: MacBlob<'_>,
+        len: u64,
+    ) -> Result<Lookup, CacheError> {
+        let Some(secret) = &expect.ctx.mac_secret else {
+            return Ok(Lookup::Hit { len });
+        };
+        let ok = env.mac_env.as_ref().is_some_and(|e| {
+            e.auth
+                .and_then(|a| a.mac)
+                .is_some_and(|m| mac_verifies(secret, e, blob, &m.tag))
+        });
+        if ok {
+            Ok(Lookup::Hit { len })
+        } else {
+            self.miss(now, MissReason::Unauthenticated)
+        }
     }
 
     fn lookup_inner(
@@ -995,7 +1130,9 @@ impl<S: Store> MmCache<S> {
         }
         match sink {
             Sink::SizeOnly => match self.store.get_size(now, &self.bk) {
-                Ok(n) if n == env.byte_len => Ok(Lookup::Hit { len: n }),
+                Ok(n) if n == env.byte_len => {
+                    self.authenticated(now, expect, &env, MacBlob::SizeOnly(n), n)
+                }
                 Ok(_) => self.miss(now, MissReason::CorruptBlob),
                 Err(e) => self.read_error(now, e, true),
             },
@@ -1011,11 +1148,26 @@ impl<S: Store> MmCache<S> {
                     None => return self.miss(now, MissReason::RecvBufferTooSmall),
                 };
                 match self.store.get_into(now, &self.bk, dst) {
-                    Ok(n) if n == env.byte_len && sum.verify(dst) => Ok(Lookup::Hit { len: n }),
+                    Ok(n) if n == env.byte_len && sum.verify(dst) => {
+                        self.authenticated(now, expect, &env, MacBlob::Bytes(dst), n)
+                    }
                     Ok(_) => self.miss(now, MissReason::CorruptBlob),
                     Err(e) => self.read_error(now, e, true),
                 }
             }
+        }
+    }
+}
+
+/// Add the MAC of `env` and `blob` when `ctx` has a MAC secret.
+fn seal(ctx: &ModelCtx, env: &mut Envelope, blob: MacBlob<'_>) {
+    if let Some(secret) = &ctx.mac_secret {
+        let tag = mac_of(secret, env, blob);
+        if let Some(a) = env.auth.as_mut() {
+            a.mac = Some(EnvelopeMac {
+                algo: MacAlgo::Blake2b256Keyed,
+                tag,
+            });
         }
     }
 }

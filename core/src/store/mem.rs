@@ -693,6 +693,54 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         r
     }
 
+    /// Open a read that spans time: a lease-granting read (as [`MemStore::get_size_with`])
+    /// that also counts a reader on the object until [`MemStore::end_read_with`]. An
+    /// object with a reader is never an eviction candidate (`ObjectMeta::candidate`), so
+    /// a transfer outliving its lease cannot lose its source (INVARIANTS S2).
+    pub fn begin_read_with<Q: Hash + Eq + ?Sized>(
+        &mut self,
+        now: Nanos,
+        key: &Q,
+        hints: Option<AccessHints>,
+    ) -> StoreResult<u64>
+    where
+        K: Borrow<Q>,
+    {
+        let r = self.read(now, key, hints).map(|id| {
+            let m = &mut self.metas[id.index()];
+            m.readers += 1;
+            m.size
+        });
+        self.settle(now);
+        r
+    }
+
+    /// Close a read opened by [`MemStore::begin_read_with`]. `NotFound` when the object
+    /// is gone (a forced remove), `InvalidParams` when no read is open on it.
+    pub fn end_read_with<Q: Hash + Eq + ?Sized>(&mut self, now: Nanos, key: &Q) -> StoreResult<()>
+    where
+        K: Borrow<Q>,
+    {
+        self.advance(now);
+        let r = match self.index.get(key).copied() {
+            None => Err(StoreError::NotFound),
+            Some(id) => {
+                let m = &mut self.metas[id.index()];
+                if m.readers == 0 {
+                    Err(StoreError::InvalidParams(
+                        "end_read without an open read".into(),
+                    ))
+                } else {
+                    m.readers -= 1;
+                    Ok(())
+                }
+            }
+        };
+        // The object may have become a candidate; a pending eviction runs now.
+        self.settle(now);
+        r
+    }
+
     /// Remove `key`; without `force` a leased object stays and `HasLease` is returned.
     pub fn remove_with<Q: Hash + Eq + ?Sized>(
         &mut self,
@@ -710,7 +758,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
                 let m = &self.metas[id.index()];
                 if !m.complete {
                     Err(StoreError::NotReady)
-                } else if !force && now < m.lease_timeout {
+                } else if !force && (now < m.lease_timeout || m.readers > 0) {
                     Err(StoreError::HasLease)
                 } else {
                     self.free_slot(id);
@@ -779,5 +827,11 @@ impl<K: StrKey> Store for MemStore<K> {
     ) -> StoreResult<()> {
         self.put_with(now, K::kv(block), payload, cfg, AccessHints::default())
             .map(|_| ())
+    }
+    fn begin_read(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
+        K::with_lookup(key, |k| self.begin_read_with(now, k, None))
+    }
+    fn end_read(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
+        K::with_lookup(key, |k| self.end_read_with(now, k))
     }
 }

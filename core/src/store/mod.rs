@@ -256,6 +256,20 @@ pub trait Store {
     fn batch_remove(&mut self, now: Nanos, keys: &[&str], force: bool) -> Vec<StoreResult<()>> {
         keys.iter().map(|k| self.remove(now, k, force)).collect()
     }
+
+    /// Open a read that spans time (a transfer in flight): a lease-granting read of a
+    /// complete object's size that also holds the object as being read until
+    /// [`Store::end_read`], so that no eviction takes it meanwhile (INVARIANTS S2).
+    /// The default is a plain [`Store::get_size`] (a store that cannot hold readers
+    /// relies on the lease alone).
+    fn begin_read(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
+        self.get_size(now, key)
+    }
+
+    /// Close a read opened by [`Store::begin_read`]. The default does nothing.
+    fn end_read(&mut self, _now: Nanos, _key: &str) -> StoreResult<()> {
+        Ok(())
+    }
 }
 
 /// A mutable reference to a store is a store, so drivers can lend one (`&mut dyn Store`)
@@ -308,5 +322,11 @@ impl<S: Store + ?Sized> Store for &mut S {
         cfg: &ReplicateConfig,
     ) -> StoreResult<()> {
         (**self).put_kv(now, block, payload, cfg)
+    }
+    fn begin_read(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
+        (**self).begin_read(now, key)
+    }
+    fn end_read(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
+        (**self).end_read(now, key)
     }
 }

@@ -181,6 +181,46 @@ fn jsonl_schema_rules() {
             "prompt_tokens",
             "missing field",
         ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":0}]}"#,
+            "images[0].visual_tokens",
+            "expected at least 1 visual token, found 0",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":1},{"content_id":2,"visual_tokens":0}]}"#,
+            "images[1].visual_tokens",
+            "expected at least 1 visual token, found 0",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":1,"width":0,"height":28}]}"#,
+            "images[0].width",
+            "expected a positive pixel size, found 0",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":1,"width":28,"height":0}]}"#,
+            "images[0].width",
+            "expected a positive pixel size, found 0",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":1,"width":28}]}"#,
+            "images[0].height",
+            "width and height must be given together",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":300,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":4,"grid_thw":[0,4,4]}]}"#,
+            "images[0].grid_thw",
+            "expected positive t, h, w",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":17,"prompt_blocks":[1],"output_tokens":3}"#,
+            "prompt_blocks",
+            "expected ceil(17/16) = 2",
+        ),
+        (
+            r#"{"id":0,"arrival_ns":1,"prompt_tokens":4,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":5}]}"#,
+            "images",
+            "expected prompt_tokens >= the sum of visual_tokens",
+        ),
         (r#"[1,2,3]"#, "(record)", "expected struct Request"),
         (
             r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3} x"#,
@@ -192,6 +232,63 @@ fn jsonl_schema_rules() {
         let e = jsonl_error(&lines(&[HEADER, line]));
         check(&e, "mem.jsonl", Location::Line(2), field, expect);
     }
+}
+
+/// Each zero and bound of the schema alone on an otherwise valid request is rejected, and
+/// the bound itself is accepted (so the check is `>= 1` / `<=`, not something stricter).
+#[test]
+fn jsonl_schema_bounds_accept_the_edge_and_reject_one_past_it() {
+    let ok: &[&str] = &[
+        r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":1}]}"#,
+        r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"images":[{"content_id":1,"visual_tokens":5}]}"#,
+        r#"{"id":0,"arrival_ns":1,"prompt_tokens":16,"prompt_blocks":[1],"output_tokens":3}"#,
+        r#"{"id":0,"arrival_ns":1,"prompt_tokens":5,"output_tokens":3,"fork":{"branches":1,"output_tokens":[2]}}"#,
+    ];
+    for line in ok {
+        let (_, reqs) =
+            read_jsonl(&lines(&[HEADER, line])).unwrap_or_else(|e| panic!("{line}: {e}"));
+        assert_eq!(reqs.len(), 1);
+    }
+    // Equal arrivals are in order; one ns earlier is not.
+    let same = r#"{"id":1,"arrival_ns":10,"prompt_tokens":20,"output_tokens":3}"#;
+    assert!(read_jsonl(&lines(&[HEADER, GOOD, same])).is_ok());
+    let early = r#"{"id":1,"arrival_ns":9,"prompt_tokens":20,"output_tokens":3}"#;
+    let e = jsonl_error(&lines(&[HEADER, GOOD, early]));
+    check(
+        &e,
+        "mem.jsonl",
+        Location::Line(3),
+        "arrival_ns",
+        "expected non-decreasing",
+    );
+}
+
+#[test]
+fn jsonl_header_zero_sizes_are_rejected_naming_the_field() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            r#"{"header":{"schema_version":1,"block_size_tokens":0,"generator":"hand"}}"#,
+            "header.block_size_tokens",
+            "expected a block size of at least 1 token, found 0",
+        ),
+        (
+            r#"{"header":{"schema_version":1,"block_size_tokens":16,"patch_size":0,"generator":"hand"}}"#,
+            "header.patch_size",
+            "expected at least 1 pixel, found 0",
+        ),
+        (
+            r#"{"header":{"schema_version":1,"block_size_tokens":16,"spatial_merge":0,"generator":"hand"}}"#,
+            "header.spatial_merge",
+            "expected at least 1, found 0",
+        ),
+    ];
+    for (header, field, expect) in cases {
+        let e = jsonl_error(&lines(&[header, GOOD]));
+        check(&e, "mem.jsonl", Location::Line(1), field, expect);
+    }
+    // One is the smallest valid size of each.
+    let one = r#"{"header":{"schema_version":1,"block_size_tokens":1,"patch_size":1,"spatial_merge":1,"generator":"hand"}}"#;
+    assert!(read_jsonl(&lines(&[one, GOOD])).is_ok());
 }
 
 #[test]
@@ -573,4 +670,79 @@ fn parquet_reader_open_error_is_named() {
             .starts_with("x.parquet: file: field `(parquet)`"),
         "{e}"
     );
+}
+
+/// Env var the parent sets for `corrupt_parquet_child` (run by hand, the child says so).
+const CORRUPT_CHILD_ENV: &str = "MOONAGENT_CORRUPT_PARQUET_CHILD";
+
+/// Every second truncation and a flip of every byte of a valid Parquet trace (some make
+/// the decoder panic inside arrow-rs/parquet): each read ends
+/// in `Ok` or in an error naming the file. Runs its body only as the child of
+/// `corrupt_parquet_files_are_errors_with_nothing_on_stderr` (which checks its stderr).
+#[test]
+#[ignore = "run as a child process by corrupt_parquet_files_are_errors_with_nothing_on_stderr"]
+fn corrupt_parquet_child() {
+    assert!(
+        std::env::var_os(CORRUPT_CHILD_ENV).is_some(),
+        "run through corrupt_parquet_files_are_errors_with_nothing_on_stderr"
+    );
+    let (h, reqs) = good_requests();
+    let full = to_parquet(&h, &reqs);
+    let mut inputs: Vec<Vec<u8>> = (0..full.len())
+        .step_by(2)
+        .map(|n| full[..n].to_vec())
+        .collect();
+    for i in 0..full.len() {
+        let mut b = full.clone();
+        b[i] ^= 0xff;
+        inputs.push(b);
+    }
+    let (mut errors, mut panics) = (0u64, 0u64);
+    for bytes in inputs {
+        let r = ParquetReader::from_bytes(bytes, "bad.parquet")
+            .and_then(|r| r.collect::<Result<Vec<_>, _>>().map(|_| ()));
+        if let Err(e) = r {
+            let msg = e.to_string();
+            assert!(msg.starts_with("bad.parquet: "), "{msg}");
+            errors += 1;
+            panics += u64::from(msg.contains("corrupt file (") || msg.contains("corrupt data ("));
+        }
+    }
+    // Stdout, not stderr: the parent requires an empty stderr.
+    println!("CORRUPT_PARQUET errors={errors} decoder_panics={panics}");
+}
+
+#[test]
+fn corrupt_parquet_files_are_errors_with_nothing_on_stderr() {
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "bad_input::corrupt_parquet_child",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CORRUPT_CHILD_ENV, "1")
+        .output()
+        .expect("run the child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed: {stdout}\n{stderr}");
+    assert!(stderr.is_empty(), "stderr must stay empty, got:\n{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("CORRUPT_PARQUET"))
+        .unwrap_or_else(|| panic!("child did not run: {stdout}"));
+    let count = |key: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    // Every truncation is an error, so there are many; and some inputs did panic the
+    // decoder, so the silence above is the reader's doing, not luck.
+    assert!(count("errors=") > 100, "{line}");
+    assert!(count("decoder_panics=") > 0, "{line}");
+    eprintln!("{line}");
 }
