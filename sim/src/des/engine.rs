@@ -12,16 +12,33 @@ use std::collections::BinaryHeap;
 /// Integer nanoseconds of virtual time.
 pub type Time = u64;
 
+/// An event and its key, `(time, prio, seq)` packed into one `u128` (time in the high 64
+/// bits, then the priority's 8, then the sequence's 56), so an ordering is one integer
+/// comparison; the order is exactly the tuple's (`seq` stays below 2^56).
 struct Entry<E> {
-    time: Time,
-    prio: u8,
-    seq: u64,
+    key: u128,
     ev: E,
+}
+
+const SEQ_BITS: u32 = 56;
+
+fn pack(time: Time, prio: u8, seq: u64) -> u128 {
+    debug_assert!(seq < 1 << SEQ_BITS, "event sequence overflow");
+    (u128::from(time) << 64) | (u128::from(prio) << SEQ_BITS) | u128::from(seq)
+}
+
+impl<E> Entry<E> {
+    fn time(&self) -> Time {
+        (self.key >> 64) as Time
+    }
+    fn prio(&self) -> u8 {
+        (self.key >> SEQ_BITS) as u8
+    }
 }
 
 impl<E> PartialEq for Entry<E> {
     fn eq(&self, o: &Self) -> bool {
-        (self.time, self.prio, self.seq) == (o.time, o.prio, o.seq)
+        self.key == o.key
     }
 }
 impl<E> Eq for Entry<E> {}
@@ -31,9 +48,10 @@ impl<E> PartialOrd for Entry<E> {
     }
 }
 impl<E> Ord for Entry<E> {
+    #[inline]
     fn cmp(&self, o: &Self) -> Ordering {
         // BinaryHeap is a max-heap: reverse so the smallest key pops first.
-        (o.time, o.prio, o.seq).cmp(&(self.time, self.prio, self.seq))
+        o.key.cmp(&self.key)
     }
 }
 
@@ -86,25 +104,24 @@ impl<E> EventQueue<E> {
     pub fn push(&mut self, time: Time, prio: u8, ev: E) {
         self.seq += 1;
         self.heap.push(Entry {
-            time: time.max(self.now),
-            prio,
-            seq: self.seq,
+            key: pack(time.max(self.now), prio, self.seq),
             ev,
         });
     }
 
     /// Time and priority of the next event, if any.
     pub fn peek_key(&self) -> Option<(Time, u8)> {
-        self.heap.peek().map(|e| (e.time, e.prio))
+        self.heap.peek().map(|e| (e.time(), e.prio()))
     }
 
     /// Pop the next event and advance the clock to it.
     pub fn pop(&mut self) -> Option<(Time, E)> {
         let e = self.heap.pop()?;
-        debug_assert!(e.time >= self.now, "clock monotonicity");
-        self.now = e.time;
+        let t = e.time();
+        debug_assert!(t >= self.now, "clock monotonicity");
+        self.now = t;
         self.popped += 1;
-        Some((e.time, e.ev))
+        Some((t, e.ev))
     }
 
     /// Advance the clock to `t` for an event taken from outside the heap (an arrival
