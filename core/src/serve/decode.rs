@@ -218,11 +218,13 @@ impl DecodeBatch {
         (s.live && s.order == order).then_some(s)
     }
 
-    /// Complete one iteration: every running sequence produced a token. What changed is
-    /// written to `out` (cleared first, so its buffers are reused).
-    pub fn step(&mut self, pool: &mut PoolCore, out: &mut StepOutcome) -> Result<(), ServeError> {
-        let k = self.iter;
-        out.clear();
+    /// The touches due at iteration `k` (its wheel slot, in admission order).
+    fn touch_due(
+        &mut self,
+        k: u64,
+        pool: &mut PoolCore,
+        out: &mut StepOutcome,
+    ) -> Result<(), ServeError> {
         let w = self.wheel.len() as u64;
         let mut due = std::mem::take(&mut self.wheel[(k % w) as usize]);
         due.sort_unstable();
@@ -257,6 +259,19 @@ impl DecodeBatch {
         let slot = &mut self.wheel[(k % w) as usize];
         if slot.is_empty() {
             *slot = due;
+        }
+        Ok(())
+    }
+
+    /// Complete one iteration: every running sequence produced a token. What changed is
+    /// written to `out` (cleared first, so its buffers are reused).
+    pub fn step(&mut self, pool: &mut PoolCore, out: &mut StepOutcome) -> Result<(), ServeError> {
+        let k = self.iter;
+        out.clear();
+        let w = self.wheel.len() as u64;
+        // Most iterations cross no page boundary: skip the wheel slot's take-sort-return.
+        if !self.wheel[(k % w) as usize].is_empty() {
+            self.touch_due(k, pool, out)?;
         }
         while let Some(&Reverse((fi, order, idx))) = self.finish.peek() {
             if fi > k {
