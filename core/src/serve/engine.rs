@@ -1083,18 +1083,20 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 block_bytes,
                 payloads: self.cfg.payloads,
             };
+            let mut stored = 0u32;
             for i in 0..missing.len() {
                 if kv_prefix::publish(&mut blocks, i).map_err(|e| ServeError::Store("put", e))?
                     == Publish::Stored
                 {
-                    self.actions.push(Action::Transfer {
-                        from: w,
-                        to: None,
-                        flow: Flow::KvPut,
-                        bytes: block_bytes,
-                        done: None,
-                    });
+                    stored += 1;
                 }
+            }
+            if stored > 0 {
+                self.actions.push(Action::PutBlocks {
+                    from: w,
+                    bytes_each: block_bytes,
+                    count: stored,
+                });
             }
         }
         let dec = if self.cfg.mode.disaggregated() {

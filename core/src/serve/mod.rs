@@ -262,6 +262,16 @@ pub enum Action {
         /// Completion to report when the bytes have arrived.
         done: Option<Done>,
     },
+    /// Move `count` prefix KV blocks of `bytes_each` from `from` to the store, one after
+    /// another (the blocks a prefill published); nothing waits on them.
+    PutBlocks {
+        /// Source worker.
+        from: WorkerId,
+        /// Bytes of each block.
+        bytes_each: u64,
+        /// Blocks.
+        count: u32,
+    },
     /// Load the job's embeddings (`embed_bytes`, then `kv_bytes` of prefix KV) from the
     /// store into `worker`, then report [`Done::Loaded`].
     Load {

@@ -84,7 +84,7 @@ pub fn drive<'a, S: Store, R: RequestView>(
                 | Action::Decode { worker, .. } => Some(Done::Step(*worker)),
                 Action::Transfer { done, .. } => *done,
                 Action::Load { job, .. } => Some(Done::Loaded(*job)),
-                Action::EncodeAvoided { .. } => None,
+                Action::EncodeAvoided { .. } | Action::PutBlocks { .. } => None,
             };
             if let Some(d) = done {
                 let seq = pending.len();

@@ -241,6 +241,15 @@ impl<'a> Simulation<'a> {
                         self.q.push(t, kind(d).0, d);
                     }
                 }
+                Action::PutBlocks {
+                    from,
+                    bytes_each,
+                    count,
+                } => {
+                    for _ in 0..count {
+                        self.transfer(now, from, None, Flow::KvPut, bytes_each);
+                    }
+                }
                 Action::Load {
                     job,
                     worker,
