@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use indicatif::{ProgressDrawTarget, ProgressState, ProgressStyle};
+use indicatif::{ProgressDrawTarget, ProgressFinish, ProgressState, ProgressStyle};
 
 pub use indicatif::ProgressBar;
 
@@ -39,7 +39,9 @@ pub fn bar(label: &str, len: u64, unit: &str, enabled: bool) -> ProgressBar {
     .progress_chars("=> ");
     let pb = ProgressBar::with_draw_target(Some(len), target(enabled))
         .with_style(style)
-        .with_prefix(label.to_string());
+        .with_prefix(label.to_string())
+        // An early return (an error) drops the bar: clear it so the error line stands alone.
+        .with_finish(ProgressFinish::AndClear);
     pb.enable_steady_tick(Duration::from_millis(200));
     pb
 }
@@ -58,7 +60,8 @@ pub fn spinner(label: &str, unit: &str, enabled: bool) -> ProgressBar {
         .with_key("rate", rate);
     let pb = ProgressBar::with_draw_target(None, target(enabled))
         .with_style(style)
-        .with_prefix(label.to_string());
+        .with_prefix(label.to_string())
+        .with_finish(ProgressFinish::AndClear);
     pb.enable_steady_tick(Duration::from_millis(100));
     pb
 }
