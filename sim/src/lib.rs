@@ -8,6 +8,7 @@
 pub mod capacity;
 pub mod des;
 pub mod plot;
+pub mod progress;
 pub mod replay;
 pub mod sweep;
 pub mod table;

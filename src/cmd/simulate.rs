@@ -8,6 +8,7 @@ use clap::Args;
 use moonagent_sim::des::ladder::{Gains, LadderConfig, LadderResult};
 use moonagent_sim::des::metrics::records_table;
 use moonagent_sim::des::{run_ladder, simulate, Mode, SimConfig, Summary};
+use moonagent_sim::progress;
 use moonagent_traces::TraceReader;
 
 use super::util::{print_table, read_config};
@@ -164,9 +165,12 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         let reader =
             TraceReader::open(path).with_context(|| format!("opening trace {}", path.display()))?;
         let bs = reader.header().block_size_tokens;
+        let rp = progress::spinner("reading", "requests", true);
         let reqs = reader
+            .inspect(|_| rp.inc(1))
             .collect::<Result<Vec<_>, _>>()
             .with_context(|| format!("reading {}", path.display()))?;
+        rp.finish_and_clear();
         let mut rows = vec![[
             "mode",
             "completed",
@@ -181,7 +185,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         .map(String::from)
         .to_vec()];
         let mut summaries = Vec::new();
+        let pb = progress::bar("simulate", cfg.modes.len() as u64, "modes", true);
         for &m in &cfg.modes {
+            pb.set_message(m.name());
             let (s, recs) = simulate(
                 &SimConfig {
                     mode: m,
@@ -206,7 +212,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                     .write_parquet(&out.join(format!("requests-{}.parquet", m.name())))?;
             }
             summaries.push(s);
+            pb.inc(1);
         }
+        pb.finish_and_clear();
         println!("{} ({} requests)", path.display(), reqs.len());
         print_table(&rows);
         let by = |m: &str| summaries.iter().find(|s: &&Summary| s.mode == m);
@@ -231,7 +239,16 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let r = run_ladder(&cfg)?;
+    // run_ladder reports no progress per cell yet: a spinner with the elapsed time.
+    let pb = progress::spinner("simulate", "", true);
+    pb.set_message(format!(
+        "the ladder: {} workloads x {} modes",
+        cfg.workloads.len(),
+        cfg.modes.len()
+    ));
+    let r = run_ladder(&cfg);
+    pb.finish_and_clear();
+    let r = r?;
     print_ladder(&r);
     if let Some(out) = &args.out {
         let t = r.table();

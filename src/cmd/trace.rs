@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
+use moonagent_sim::progress;
 use moonagent_traces::gen::{Generated, GeneratorKind};
 use moonagent_traces::import::{AttachImages, ImportKind, Imported};
 use moonagent_traces::{
@@ -146,6 +147,7 @@ fn parse_sets(sets: &[String]) -> anyhow::Result<Vec<(String, String)>> {
 }
 
 fn write_with_stats(
+    label: &str,
     out: &PathBuf,
     header: &TraceHeader,
     requests: Box<
@@ -155,11 +157,15 @@ fn write_with_stats(
     opts: &StatsOpts,
 ) -> anyhow::Result<()> {
     let mut sb = (!no_stats).then(|| StatsBuilder::new(header, opts.config()));
+    let pb = progress::spinner(label, "requests", true);
     let n = write_trace(out, header, requests, |r| {
+        pb.inc(1);
         if let Some(b) = sb.as_mut() {
             b.add(r);
         }
-    })?;
+    });
+    pb.finish_and_clear();
+    let n = n?;
     eprintln!("wrote {n} requests to {}", out.display());
     if let Some(b) = sb {
         opts.print(&b.finish())?;
@@ -171,7 +177,10 @@ fn write_with_stats(
 pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     match args.cmd {
         TraceCmd::Convert { input, output } => {
-            let n = moonagent_traces::convert(&input, &output)?;
+            let pb = progress::spinner("convert", "requests", true);
+            let n = moonagent_traces::convert_observed(&input, &output, |_| pb.inc(1));
+            pb.finish_and_clear();
+            let n = n?;
             eprintln!(
                 "converted {n} requests: {} -> {}",
                 input.display(),
@@ -225,7 +234,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                 }
             }
             let g = Generated::new(kind, cfg.as_ref(), &sets, seed)?;
-            write_with_stats(&out, &g.header, g.requests, no_stats, &opts)?;
+            write_with_stats("generate", &out, &g.header, g.requests, no_stats, &opts)?;
         }
         TraceCmd::Import {
             kind,
@@ -248,7 +257,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                 None
             };
             let imp = Imported::open(kind, &input, attach)?;
-            write_with_stats(&out, &imp.header, imp.requests, no_stats, &opts)?;
+            write_with_stats("import", &out, &imp.header, imp.requests, no_stats, &opts)?;
         }
     }
     Ok(())

@@ -56,6 +56,24 @@ pub enum TraceError {
         /// What is wrong and what was expected.
         problem: String,
     },
+    /// A public trace in its own format where moonagent's schema was expected: the one
+    /// line says which `moonagent trace import` command turns it into a trace.
+    #[error(
+        "{}: {}, not a moonagent trace; import it first: moonagent trace import {} {} --out {}",
+        file.display(),
+        kind.describe(),
+        kind.name(),
+        file.display(),
+        out.display()
+    )]
+    NotImported {
+        /// The file involved.
+        file: PathBuf,
+        /// The importer that reads it.
+        kind: crate::import::ImportKind,
+        /// A suggested output path (beside the input, `.moonagent.jsonl`).
+        out: PathBuf,
+    },
     /// A generator or importer configuration is not usable.
     #[error("config: field `{field}`: {problem}")]
     Config {
@@ -90,6 +108,19 @@ impl TraceError {
         }
     }
 
+    /// `file` is a public trace of `kind` that must be imported before it is read.
+    pub fn not_imported(file: &Path, kind: crate::import::ImportKind) -> Self {
+        let stem = file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "trace".into());
+        TraceError::NotImported {
+            file: file.to_path_buf(),
+            kind,
+            out: file.with_file_name(format!("{stem}.moonagent.jsonl")),
+        }
+    }
+
     /// A configuration error.
     pub fn config(field: impl Into<String>, problem: impl Into<String>) -> Self {
         TraceError::Config {
@@ -102,7 +133,7 @@ impl TraceError {
     pub fn field(&self) -> Option<&str> {
         match self {
             TraceError::Invalid { field, .. } | TraceError::Config { field, .. } => Some(field),
-            TraceError::Io { .. } => None,
+            TraceError::Io { .. } | TraceError::NotImported { .. } => None,
         }
     }
 

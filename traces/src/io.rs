@@ -176,6 +176,16 @@ where
 
 /// Convert a trace between formats (by the two extensions), streaming.
 pub fn convert(input: impl AsRef<Path>, output: impl AsRef<Path>) -> Result<u64, TraceError> {
+    convert_observed(input, output, |_| {})
+}
+
+/// [`convert`], with `observe` seeing every request before it is written (a progress
+/// counter, a stats builder).
+pub fn convert_observed(
+    input: impl AsRef<Path>,
+    output: impl AsRef<Path>,
+    observe: impl FnMut(&Request),
+) -> Result<u64, TraceError> {
     let (input, output): (PathBuf, PathBuf) = (input.as_ref().into(), output.as_ref().into());
     if input == output {
         return Err(TraceError::invalid(
@@ -187,5 +197,5 @@ pub fn convert(input: impl AsRef<Path>, output: impl AsRef<Path>) -> Result<u64,
     }
     let reader = TraceReader::open(&input)?;
     let header = reader.header().clone();
-    write_trace(&output, &header, reader, |_| {})
+    write_trace(&output, &header, reader, observe)
 }

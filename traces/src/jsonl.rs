@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{FieldError, Location, TraceError};
+use crate::import::ImportKind;
 use crate::schema::{Request, TraceHeader, Validator, SCHEMA_VERSION};
 
 /// Longest line a reader accepts (a guard against reading a binary file as text).
@@ -239,6 +240,31 @@ pub(crate) fn is_blank(buf: &[u8]) -> bool {
     buf.iter().all(|b| b.is_ascii_whitespace())
 }
 
+/// The public trace whose first line `line` is, if it is one moonagent imports: a
+/// Mooncake FAST'25 record (a JSON object with `hash_ids`, or with `timestamp` and
+/// `input_length`, and no `header`) or an Azure CSV header row (`TIMESTAMP`,
+/// `ContextTokens`, `GeneratedTokens`, and `NumImages` for the multimodal one).
+pub(crate) fn raw_trace_kind(line: &[u8]) -> Option<ImportKind> {
+    let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+    if let Ok(serde_json::Value::Object(m)) = serde_json::from_slice::<serde_json::Value>(line) {
+        let mooncake = !m.contains_key("header")
+            && (m.contains_key("hash_ids")
+                || (m.contains_key("timestamp") && m.contains_key("input_length")));
+        return mooncake.then_some(ImportKind::Mooncake);
+    }
+    let text = std::str::from_utf8(line).ok()?;
+    let cols: Vec<&str> = text.split(',').map(str::trim).collect();
+    let has = |c: &str| cols.iter().any(|x| x.eq_ignore_ascii_case(c));
+    if !(has("TIMESTAMP") && has("ContextTokens") && has("GeneratedTokens")) {
+        return None;
+    }
+    Some(if has("NumImages") {
+        ImportKind::AzureMm
+    } else {
+        ImportKind::AzureLlm
+    })
+}
+
 impl<R: BufRead> JsonlReader<R> {
     /// Read a JSONL trace from any buffered reader; `file` names it in errors.
     pub fn from_reader(mut input: R, file: impl AsRef<Path>) -> Result<Self, TraceError> {
@@ -252,7 +278,10 @@ impl<R: BufRead> JsonlReader<R> {
                 "the file is empty; expected a first line {\"header\": {...}}",
             ));
         }
-        let header = parse_header(&buf).map_err(|e| e.at(&file, Location::Line(1)))?;
+        let header = parse_header(&buf).map_err(|e| match raw_trace_kind(&buf) {
+            Some(kind) => TraceError::not_imported(&file, kind),
+            None => e.at(&file, Location::Line(1)),
+        })?;
         Ok(Self {
             validator: Validator::new(&header),
             input,

@@ -23,7 +23,7 @@ pub mod stats;
 use std::path::PathBuf;
 
 pub use error::{FieldError, Location, TraceError};
-pub use io::{convert, write_trace, Format, TraceReader, TraceWriter};
+pub use io::{convert, convert_observed, write_trace, Format, TraceReader, TraceWriter};
 pub use schema::{
     qwen25vl_grid, qwen25vl_visual_tokens, Fork, Image, Request, TraceHeader, Validator,
     SCHEMA_VERSION,

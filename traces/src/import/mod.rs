@@ -184,6 +184,26 @@ pub enum ImportKind {
     AzureMm,
 }
 
+impl ImportKind {
+    /// The importer's name on the command line (`moonagent trace import NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mooncake => "mooncake",
+            Self::AzureLlm => "azure-llm",
+            Self::AzureMm => "azure-mm",
+        }
+    }
+
+    /// What a file of this kind is, in words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Mooncake => "a raw Mooncake FAST'25 trace (timestamp, input_length, output_length, hash_ids)",
+            Self::AzureLlm => "a raw Azure LLM inference CSV (TIMESTAMP,ContextTokens,GeneratedTokens)",
+            Self::AzureMm => "a raw Azure multimodal inference CSV (TIMESTAMP,NumImages,ContextTokens,GeneratedTokens)",
+        }
+    }
+}
+
 impl std::str::FromStr for ImportKind {
     type Err = TraceError;
     fn from_str(s: &str) -> Result<Self, TraceError> {

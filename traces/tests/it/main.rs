@@ -5,4 +5,5 @@ mod common;
 mod fuzz;
 mod generators;
 mod mooncake;
+mod raw_trace_hint;
 mod roundtrip;
