@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
+use moonagent_sim::progress;
 pub use moonagent_sim::replay::{
     capacities, min_bounds, min_bounds_objects, results_table, CapacityRun,
 };
 use moonagent_sim::replay::{
-    replay_grid, replay_plain_grid, sizes_for_model, CapacityUnit, CompileOptions, Compiled,
+    grid, replay_one, replay_plain, sizes_for_model, CapacityUnit, CompileOptions, Compiled,
     Include, LabelledPolicy, LinearCost, MissCost, ModelCost, PlainConfig, PolicyResult,
     TypeResult,
 };
@@ -329,8 +330,13 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                 },
                 kv_full_blocks: args.kv_full_blocks,
             };
-            Compiled::compile(reader, &opts, cost.as_ref())
-                .map_err(|e| anyhow::anyhow!("{}: {e}", args.trace.display()))?
+            // A spinner counting requests while the trace is read and compiled.
+            let rp = progress::spinner("reading", "requests", true);
+            let reqs = reader.inspect(|_| rp.inc(1));
+            let c = Compiled::compile(reqs, &opts, cost.as_ref())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", args.trace.display()))?;
+            rp.finish_and_clear();
+            c
         }
     };
     let unique = compiled.unique_bytes();
@@ -360,6 +366,9 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     );
     let load_s = t_load.elapsed().as_secs_f64();
     let t_replay = std::time::Instant::now();
+    // A bar over the (capacity, policy) runs, ticked as each finishes.
+    let pb = progress::bar("replay", (caps.len() * pols.len()) as u64, "runs", true);
+    let done = || pb.inc(1);
     let grid = match args.cache_model {
         CacheModel::Mooncake => {
             let cfgs: Vec<MemStoreConfig> = caps
@@ -369,17 +378,18 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                     ..base.clone()
                 })
                 .collect();
-            replay_grid(&compiled, &cfgs, &pols)
+            grid(&cfgs, &pols, |c, p| replay_one(&compiled, c, p), &done)
         }
         CacheModel::Plain => {
             let cfgs: Vec<PlainConfig> = caps
                 .iter()
                 .map(|&capacity| PlainConfig { capacity, unit })
                 .collect();
-            replay_plain_grid(&compiled, &cfgs, &pols)
+            grid(&cfgs, &pols, |c, p| replay_plain(&compiled, c, p), &done)
         }
     }
     .map_err(anyhow::Error::msg)?;
+    pb.finish_and_clear();
     eprintln!(
         "timing: trace read and compiled in {load_s:.3} s, replayed in {:.3} s",
         t_replay.elapsed().as_secs_f64()

@@ -62,6 +62,6 @@ pub use report::{
     capacities, min_bounds, min_bounds_objects, results_table, uniform_sizes, CapacityRun,
 };
 pub use results::{LabelledPolicy, PolicyResult, TypeResult};
-pub use run::{replay_all, replay_grid, replay_one};
+pub use run::{grid, replay_all, replay_grid, replay_one};
 
 use run::{count_lookup, hints};

@@ -30,7 +30,6 @@ use std::collections::BTreeMap;
 use moonagent_core::store::{
     DataType, EvictRequest, EvictionPolicy, ObjId, ObjectMeta, StoreStats, TypeStats,
 };
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::{count_lookup, hints, Compiled, LabelledPolicy, PolicyResult, TypeResult};
@@ -250,15 +249,5 @@ pub fn replay_plain_grid(
     cfgs: &[PlainConfig],
     policies: &[LabelledPolicy],
 ) -> Result<Vec<Vec<PolicyResult>>, String> {
-    let pairs: Vec<(usize, usize)> = (0..cfgs.len())
-        .flat_map(|s| (0..policies.len()).map(move |p| (s, p)))
-        .collect();
-    let flat: Vec<PolicyResult> = pairs
-        .par_iter()
-        .map(|&(s, p)| replay_plain(compiled, &cfgs[s], &policies[p]))
-        .collect::<Result<_, _>>()?;
-    let mut it = flat.into_iter();
-    Ok((0..cfgs.len())
-        .map(|_| it.by_ref().take(policies.len()).collect())
-        .collect())
+    super::run::grid(cfgs, policies, |c, p| replay_plain(compiled, c, p), &|| {})
 }

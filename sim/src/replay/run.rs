@@ -224,15 +224,36 @@ pub fn replay_grid(
     store_cfgs: &[MemStoreConfig],
     policies: &[LabelledPolicy],
 ) -> Result<Vec<Vec<PolicyResult>>, String> {
-    let pairs: Vec<(usize, usize)> = (0..store_cfgs.len())
+    grid(
+        store_cfgs,
+        policies,
+        |c, p| replay_one(compiled, c, p),
+        &|| {},
+    )
+}
+
+/// Run `one(config, policy)` for every pair in parallel (rayon), calling `on_done` as each
+/// finishes (a progress bar); one row of results per config, each in the order of
+/// `policies`. The store-level and the plain replay grids both run through here.
+pub fn grid<C: Sync>(
+    cfgs: &[C],
+    policies: &[LabelledPolicy],
+    one: impl Fn(&C, &LabelledPolicy) -> Result<PolicyResult, String> + Sync,
+    on_done: &(dyn Fn() + Sync),
+) -> Result<Vec<Vec<PolicyResult>>, String> {
+    let pairs: Vec<(usize, usize)> = (0..cfgs.len())
         .flat_map(|s| (0..policies.len()).map(move |p| (s, p)))
         .collect();
     let flat: Vec<PolicyResult> = pairs
         .par_iter()
-        .map(|&(s, p)| replay_one(compiled, &store_cfgs[s], &policies[p]))
+        .map(|&(s, p)| {
+            let r = one(&cfgs[s], &policies[p]);
+            on_done();
+            r
+        })
         .collect::<Result<_, _>>()?;
     let mut it = flat.into_iter();
-    Ok((0..store_cfgs.len())
+    Ok((0..cfgs.len())
         .map(|_| it.by_ref().take(policies.len()).collect())
         .collect())
 }
