@@ -1,6 +1,6 @@
 //! The prefix-KV fast path is the string path: `exists_kv(b)` / `put_kv(b)` on a store give
 //! the same results, stats and keys as `exists("kv:<b>")` / `put("kv:<b>")`, for both key
-//! types (INVARIANTS S10).
+//! types, and so are the typed-key operations the embedding cache uses (INVARIANTS S10).
 
 use moonagent_core::store::{
     DataType, MemStore, MemStoreConfig, Payload, ReplicateConfig, Store, StoreKey, StrKey,
@@ -50,5 +50,62 @@ fn kv_key_is_the_parsed_string() {
     for b in [0u64, 7, 10, u64::MAX] {
         assert_eq!(StoreKey::kv(b), StoreKey::parse(&format!("kv:{b}")));
         assert_eq!(<String as StrKey>::kv(b), format!("kv:{b}"));
+    }
+}
+
+/// Typed keys (`get_into_key`, `get_size_key`, `put_key`, `remove_key`) against the string
+/// path, on both key types, with meta and blob keys of a few fingerprints and other keys.
+fn check_typed<K: StrKey + std::fmt::Debug>(ops: &[(u8, u8, u64)]) -> Result<(), TestCaseError> {
+    use moonagent_core::store::StoreKey;
+    let cfg = MemStoreConfig::with_capacity(3_000);
+    let (mut typed, mut text) = (
+        MemStore::<K>::new(cfg.clone()).unwrap(),
+        MemStore::<K>::new(cfg).unwrap(),
+    );
+    let rc = ReplicateConfig::of(DataType::EncoderOutput);
+    for (i, &(op, k, size)) in ops.iter().enumerate() {
+        let now = i as u64 * 3_000_000;
+        let key = match k % 3 {
+            0 => StoreKey::MmMeta([k; 32]),
+            1 => StoreKey::MmBlob([k; 32]),
+            _ => StoreKey::parse(&format!("other:{k}")),
+        };
+        let s = key.to_string();
+        let mut b1 = vec![0u8; 64];
+        let mut b2 = vec![0u8; 64];
+        match op % 4 {
+            0 => prop_assert_eq!(
+                typed.put_key(now, &key, Payload::Bytes(vec![k; size as usize % 50]), &rc),
+                text.put(now, &s, Payload::Bytes(vec![k; size as usize % 50]), &rc)
+            ),
+            1 => prop_assert_eq!(typed.get_size_key(now, &key), text.get_size(now, &s)),
+            2 => {
+                prop_assert_eq!(
+                    typed.get_into_key(now, &key, &mut b1),
+                    text.get_into(now, &s, &mut b2)
+                );
+                prop_assert_eq!(&b1, &b2);
+            }
+            _ => prop_assert_eq!(
+                typed.remove_key(now, &key, size % 2 == 0),
+                text.remove(now, &s, size % 2 == 0)
+            ),
+        }
+    }
+    prop_assert_eq!(typed.stats(), text.stats());
+    prop_assert_eq!(
+        typed.keys().collect::<Vec<_>>(),
+        text.keys().collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn typed_keys_equal_the_string_path(
+        ops in prop::collection::vec((any::<u8>(), 0u8..9, 1u64..400), 1..300)
+    ) {
+        check_typed::<String>(&ops)?;
+        check_typed::<StoreKey>(&ops)?;
     }
 }

@@ -48,7 +48,7 @@ use crate::fingerprint::{
     image_fingerprint, image_fingerprint_keyed, Dtype, FingerprintError, FpScheme, GridThw,
     ImageFp, ModelFp, ModelParts, TenantSecret,
 };
-use crate::store::{DataType, Nanos, Payload, ReplicateConfig, Store, StoreError};
+use crate::store::{DataType, Nanos, Payload, ReplicateConfig, Store, StoreError, StoreKey};
 use envelope::{mac_of, mac_verifies, FpHex, MacBlob, Template};
 
 pub use envelope::{
@@ -703,11 +703,12 @@ pub struct MmCache<S: Store> {
     cfg: CacheConfig,
     counters: CacheCounters,
     meta_buf: Vec<u8>,
-    /// The current call's image fingerprint in hex, and its meta and blob keys (built once
-    /// per call, buffers reused).
+    /// The current call's image fingerprint in hex (envelope templates write it), and its
+    /// meta and blob keys in their compact typed form (`mc:mmmeta:<hex>`,
+    /// `mc:mmblob:<hex>`: a compact store uses them as they are, others format them).
     hex: FpHex,
-    mk: String,
-    bk: String,
+    mk: StoreKey,
+    bk: StoreKey,
     memo: Memo,
 }
 
@@ -725,8 +726,8 @@ impl<S: Store> MmCache<S> {
             counters: CacheCounters::default(),
             meta_buf: vec![0; META_BUF],
             hex: FpHex::of(&ImageFp([0; 32])),
-            mk: String::with_capacity(META_PREFIX.len() + 64),
-            bk: String::with_capacity(BLOB_PREFIX.len() + 64),
+            mk: StoreKey::MmMeta([0; 32]),
+            bk: StoreKey::MmBlob([0; 32]),
             memo: Memo {
                 on: true,
                 templates: FxHashMap::default(),
@@ -745,8 +746,8 @@ impl<S: Store> MmCache<S> {
     /// Point the hex and key buffers at `fp`.
     fn set_keys(&mut self, fp: &ImageFp) {
         self.hex = FpHex::of(fp);
-        write_key(&mut self.mk, META_PREFIX, &self.hex);
-        write_key(&mut self.bk, BLOB_PREFIX, &self.hex);
+        self.mk = StoreKey::MmMeta(fp.0);
+        self.bk = StoreKey::MmBlob(fp.0);
     }
 
     /// The store.
@@ -867,10 +868,13 @@ impl<S: Store> MmCache<S> {
         remove_quiet(&mut self.store, now, &self.mk)?;
         remove_quiet(&mut self.store, now, &self.bk)?;
         let cfg = self.cfg.replicate;
-        if let Err(e) = self.store.put(now, &self.bk, blob, &cfg) {
+        if let Err(e) = self.store.put_key(now, &self.bk, blob, &cfg) {
             return self.commit_failed(e);
         }
-        if let Err(e) = self.store.put(now, &self.mk, Payload::Bytes(meta), &cfg) {
+        if let Err(e) = self
+            .store
+            .put_key(now, &self.mk, Payload::Bytes(meta), &cfg)
+        {
             if !e.is_client_failure() {
                 // Free the orphan blob (it would only ever be a miss).
                 remove_quiet(&mut self.store, now, &self.bk)?;
@@ -1013,13 +1017,13 @@ impl<S: Store> MmCache<S> {
     /// Read the meta at the current meta key into `meta_buf` (growing it once, up to
     /// [`MAX_META_BYTES`]); returns its length.
     fn read_meta(&mut self, now: Nanos) -> Result<usize, StoreError> {
-        match self.store.get_into(now, &self.mk, &mut self.meta_buf) {
+        match self.store.get_into_key(now, &self.mk, &mut self.meta_buf) {
             Err(StoreError::BufferTooSmall { needed, .. })
                 if needed as usize <= MAX_META_BYTES && needed as usize > self.meta_buf.len() =>
             {
                 self.meta_buf.resize(needed as usize, 0);
                 self.store
-                    .get_into(now, &self.mk, &mut self.meta_buf)
+                    .get_into_key(now, &self.mk, &mut self.meta_buf)
                     .map(|n| n as usize)
             }
             r => r.map(|n| n as usize),
@@ -1129,7 +1133,7 @@ impl<S: Store> MmCache<S> {
             return self.miss(now, reason);
         }
         match sink {
-            Sink::SizeOnly => match self.store.get_size(now, &self.bk) {
+            Sink::SizeOnly => match self.store.get_size_key(now, &self.bk) {
                 Ok(n) if n == env.byte_len => {
                     self.authenticated(now, expect, &env, MacBlob::SizeOnly(n), n)
                 }
@@ -1147,7 +1151,7 @@ impl<S: Store> MmCache<S> {
                     Some(d) => d,
                     None => return self.miss(now, MissReason::RecvBufferTooSmall),
                 };
-                match self.store.get_into(now, &self.bk, dst) {
+                match self.store.get_into_key(now, &self.bk, dst) {
                     Ok(n) if n == env.byte_len && sum.verify(dst) => {
                         self.authenticated(now, expect, &env, MacBlob::Bytes(dst), n)
                     }
@@ -1173,8 +1177,8 @@ fn seal(ctx: &ModelCtx, env: &mut Envelope, blob: MacBlob<'_>) {
 }
 
 /// Force-remove `key`; absent or in-progress objects are fine, a client failure is not.
-fn remove_quiet<S: Store>(store: &mut S, now: Nanos, key: &str) -> Result<(), CacheError> {
-    match store.remove(now, key, true) {
+fn remove_quiet<S: Store>(store: &mut S, now: Nanos, key: &StoreKey) -> Result<(), CacheError> {
+    match store.remove_key(now, key, true) {
         Err(e) if e.is_client_failure() => Err(CacheError::Store(e)),
         _ => Ok(()),
     }

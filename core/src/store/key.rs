@@ -160,6 +160,14 @@ pub trait StrKey: Hash + Eq + Clone + Borrow<<Self as StrKey>::Lookup> {
     fn kv(block: u64) -> Self {
         Self::owned(&format!("{KV_PREFIX}{block}"))
     }
+    /// The key of a typed key: exactly `Self::owned(&key.to_string())`.
+    fn of_store_key(key: &StoreKey) -> Self {
+        Self::owned(&key.to_string())
+    }
+    /// Run `f` on the lookup form of a typed key.
+    fn with_store_key<R>(key: &StoreKey, f: impl FnOnce(&Self::Lookup) -> R) -> R {
+        Self::with_lookup(&key.to_string(), f)
+    }
 }
 
 impl StrKey for String {
@@ -181,6 +189,14 @@ impl StrKey for StoreKey {
     #[inline]
     fn kv(block: u64) -> Self {
         StoreKey::Kv(block)
+    }
+    #[inline]
+    fn of_store_key(key: &StoreKey) -> Self {
+        key.clone()
+    }
+    #[inline]
+    fn with_store_key<R>(key: &StoreKey, f: impl FnOnce(&StoreKey) -> R) -> R {
+        f(key)
     }
     #[inline]
     fn with_lookup<R>(key: &str, f: impl FnOnce(&StoreKey) -> R) -> R {

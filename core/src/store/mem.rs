@@ -23,7 +23,7 @@ use std::hash::{BuildHasher, Hash};
 use rustc_hash::{FxBuildHasher, FxHashMap};
 use serde::{Deserialize, Serialize};
 
-use super::key::StrKey;
+use super::key::{StoreKey, StrKey};
 use super::policy::{EvictRequest, EvictionPolicy, ObjectMeta, PolicyConfig};
 use super::{
     AccessHints, Candidate, DataType, Nanos, Payload, ReplicateConfig, Store, StoreError,
@@ -817,6 +817,31 @@ impl<K: StrKey> Store for MemStore<K> {
     }
     fn exists_kv(&mut self, now: Nanos, block: u64) -> StoreResult<bool> {
         self.exists_with(now, K::kv(block).borrow())
+    }
+    fn get_into_key(&mut self, now: Nanos, key: &StoreKey, buf: &mut [u8]) -> StoreResult<u64> {
+        K::with_store_key(key, |k| self.get_into_with(now, k, buf, None))
+    }
+    fn get_size_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<u64> {
+        K::with_store_key(key, |k| self.get_size_with(now, k, None))
+    }
+    fn put_key(
+        &mut self,
+        now: Nanos,
+        key: &StoreKey,
+        payload: Payload,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        self.put_with(
+            now,
+            K::of_store_key(key),
+            payload,
+            cfg,
+            AccessHints::default(),
+        )
+        .map(|_| ())
+    }
+    fn remove_key(&mut self, now: Nanos, key: &StoreKey, force: bool) -> StoreResult<()> {
+        K::with_store_key(key, |k| self.remove_with(now, k, force))
     }
     fn put_kv(
         &mut self,

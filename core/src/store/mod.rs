@@ -221,6 +221,33 @@ pub trait Store {
         self.put(now, &format!("{KV_PREFIX}{block}"), payload, cfg)
     }
 
+    /// [`Store::get_into`] of a typed key (stores with compact keys skip the string; every
+    /// other store formats it: the same key, test `store_typed_keys.rs`).
+    fn get_into_key(&mut self, now: Nanos, key: &StoreKey, buf: &mut [u8]) -> StoreResult<u64> {
+        self.get_into(now, &key.to_string(), buf)
+    }
+
+    /// [`Store::get_size`] of a typed key.
+    fn get_size_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<u64> {
+        self.get_size(now, &key.to_string())
+    }
+
+    /// [`Store::put`] under a typed key.
+    fn put_key(
+        &mut self,
+        now: Nanos,
+        key: &StoreKey,
+        payload: Payload,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        self.put(now, &key.to_string(), payload, cfg)
+    }
+
+    /// [`Store::remove`] of a typed key.
+    fn remove_key(&mut self, now: Nanos, key: &StoreKey, force: bool) -> StoreResult<()> {
+        self.remove(now, &key.to_string(), force)
+    }
+
     /// Batch put: one result per item, in order.
     fn batch_put(
         &mut self,
@@ -325,6 +352,24 @@ impl<S: Store + ?Sized> Store for &mut S {
     }
     fn begin_read(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
         (**self).begin_read(now, key)
+    }
+    fn get_into_key(&mut self, now: Nanos, key: &StoreKey, buf: &mut [u8]) -> StoreResult<u64> {
+        (**self).get_into_key(now, key, buf)
+    }
+    fn get_size_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<u64> {
+        (**self).get_size_key(now, key)
+    }
+    fn put_key(
+        &mut self,
+        now: Nanos,
+        key: &StoreKey,
+        payload: Payload,
+        cfg: &ReplicateConfig,
+    ) -> StoreResult<()> {
+        (**self).put_key(now, key, payload, cfg)
+    }
+    fn remove_key(&mut self, now: Nanos, key: &StoreKey, force: bool) -> StoreResult<()> {
+        (**self).remove_key(now, key, force)
     }
     fn end_read(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
         (**self).end_read(now, key)
