@@ -138,12 +138,18 @@ impl DecodeBatch {
             .wrapping_add(self.still_ctx)
     }
 
+    /// The wheel slot of iteration `k` (the wheel's size is a power of two).
+    #[inline]
+    fn slot(&self, k: u64) -> usize {
+        (k & (self.wheel.len() as u64 - 1)) as usize
+    }
+
     fn schedule(&mut self, at: u64, from: u64, order: u64, idx: u32) {
         // At most one wheel turn ahead; an earlier touch than needed appends without
         // allocating, which changes nothing but the length the pool holds.
         let at = at.min(from + self.wheel.len() as u64 - 1);
-        let w = self.wheel.len() as u64;
-        self.wheel[(at % w) as usize].push((order, idx));
+        let slot = self.slot(at);
+        self.wheel[slot].push((order, idx));
     }
 
     /// Admit `seq` (holding `ctx` tokens) with `decode_left` tokens to produce; it runs
@@ -225,8 +231,8 @@ impl DecodeBatch {
         pool: &mut PoolCore,
         out: &mut StepOutcome,
     ) -> Result<(), ServeError> {
-        let w = self.wheel.len() as u64;
-        let mut due = std::mem::take(&mut self.wheel[(k % w) as usize]);
+        let here = self.slot(k);
+        let mut due = std::mem::take(&mut self.wheel[here]);
         due.sort_unstable();
         for &(order, idx) in &due {
             let Some(s) = self.current(idx, order) else {
@@ -256,7 +262,8 @@ impl DecodeBatch {
             }
         }
         due.clear();
-        let slot = &mut self.wheel[(k % w) as usize];
+        let slot = self.slot(k);
+        let slot = &mut self.wheel[slot];
         if slot.is_empty() {
             *slot = due;
         }
@@ -268,9 +275,8 @@ impl DecodeBatch {
     pub fn step(&mut self, pool: &mut PoolCore, out: &mut StepOutcome) -> Result<(), ServeError> {
         let k = self.iter;
         out.clear();
-        let w = self.wheel.len() as u64;
         // Most iterations cross no page boundary: skip the wheel slot's take-sort-return.
-        if !self.wheel[(k % w) as usize].is_empty() {
+        if !self.wheel[self.slot(k)].is_empty() {
             self.touch_due(k, pool, out)?;
         }
         while let Some(&Reverse((fi, order, idx))) = self.finish.peek() {

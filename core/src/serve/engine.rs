@@ -145,8 +145,8 @@ pub struct Engine<'a, S: Store, R: RequestView> {
     cache: MmCache<S>,
     ctxs: Vec<ModelCtx>,
     counters: Counters,
-    /// The decode step's outcome buffers, reused (taken while a step is handled).
-    step_out: Option<StepOutcome>,
+    /// The decode step's outcome buffers, reused.
+    step_out: StepOutcome,
     fp_memo: FpMemo,
     /// Decided actions in order; reversed while the driver drains them (so a poll is a
     /// `pop`), put back in order before the next input.
@@ -346,7 +346,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             cache: MmCache::with_config(store, CacheConfig::default()),
             ctxs: Vec::new(),
             counters: Counters::default(),
-            step_out: Some(StepOutcome::default()),
+            step_out: StepOutcome::default(),
             fp_memo: Default::default(),
             actions: Vec::new(),
             draining: false,
@@ -987,10 +987,17 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             });
         }
         let (batch, ctx_sum) = (wk.batch.len(), wk.batch.ctx_sum());
-        let ns = self.priced(|p| p.decode_ns(batch, ctx_sum));
+        let smart = self.cfg.mode.smart_scheduling();
+        let ns = if smart {
+            self.priced(|p| p.decode_ns(batch, ctx_sum))
+        } else {
+            0
+        };
         let wk = &mut self.workers[w as usize];
         wk.inflight = Inflight::Decode;
-        wk.load.busy_until = now + ns;
+        if smart {
+            wk.load.busy_until = now + ns;
+        }
         self.actions.push(Action::Decode {
             worker: w,
             batch,
@@ -1134,12 +1141,14 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     }
 
     fn decode_done(&mut self, now: Nanos, w: WorkerId) -> Result<(), ServeError> {
-        let mut out = self.step_out.take().unwrap_or_default();
         let wk = &mut self.workers[w as usize];
         let Some(pool) = wk.pool.as_mut() else {
             return Err(ServeError::Unexpected(Done::Step(w)));
         };
-        wk.batch.step(pool, &mut out)?;
+        // The outcome stays in its reused buffers; its entries are `Copy`, read by index,
+        // since finishing a job needs the whole engine.
+        wk.batch.step(pool, &mut self.step_out)?;
+        let out = &self.step_out;
         self.counters.fork_copy_bytes += out.cow_bytes;
         for &(job, n) in &out.credits {
             let j = &mut self.jobs[job as usize];
@@ -1162,15 +1171,11 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             wk.load.decode_pending.1 += u64::from(j.prompt);
             wk.dec_wait.push_front(r.job);
         }
-        let mut res = Ok(());
-        for &r in &out.finished {
-            res = self.job_finished(now, w, r);
-            if res.is_err() {
-                break;
-            }
+        for i in 0..self.step_out.finished.len() {
+            let r = self.step_out.finished[i];
+            self.job_finished(now, w, r)?;
         }
-        self.step_out = Some(out);
-        res
+        Ok(())
     }
 
     fn job_finished(&mut self, now: Nanos, w: WorkerId, r: Leaving) -> Result<(), ServeError> {

@@ -217,7 +217,7 @@ impl<'a> Simulation<'a> {
                     extra,
                 } => {
                     let mut dur = self.cost.decode_iter_time_ns(batch, ctx_sum);
-                    for x in extra {
+                    for &x in &extra {
                         dur += match x {
                             Extra::Recompute { tokens } => self.cost.prefill_time_ns(tokens, 0),
                             Extra::TailCopy { bytes } => (bytes as f64
