@@ -84,7 +84,7 @@ fn s3fifo_ratios_are_validated_naming_the_field() {
         (r#"{"policy":"s3-fifo","ghost_ratio":1.5}"#, "ghost_ratio"),
     ] {
         let e = PolicyConfig::from_json_str(j).unwrap_err();
-        assert!(e.contains(field), "{e}");
+        assert!(e.to_string().contains(field), "{e}");
     }
 }
 

@@ -158,17 +158,17 @@ fn type_aware_rejects_invalid_knobs_naming_the_field() {
         ),
     ] {
         let e = PolicyConfig::from_json_str(json).expect_err(json);
-        assert!(e.contains(field), "{e} should name {field}");
+        assert!(e.to_string().contains(field), "{e} should name {field}");
     }
     // Unknown type names and fields are parse errors naming them.
     let e = PolicyConfig::from_json_str(r#"{"policy":"type-aware","types":{"hidden":{}}}"#)
         .unwrap_err();
-    assert!(e.contains("hidden"), "{e}");
+    assert!(e.to_string().contains("hidden"), "{e}");
     let e = PolicyConfig::from_json_str(
         r#"{"policy":"type-aware","types":{"kv_cache":{"eviction_grace":5}}}"#,
     )
     .unwrap_err();
-    assert!(e.contains("eviction_grace"), "{e}");
+    assert!(e.to_string().contains("eviction_grace"), "{e}");
 }
 
 #[test]
@@ -955,6 +955,6 @@ fn hierarchical_rejects_invalid_trees_naming_the_path() {
         ("policy = \"hierarchical\"\n[tree]\nwieght = 1.0\n", "wieght"),
     ] {
         let e = PolicyConfig::from_toml_str(toml).expect_err(toml);
-        assert!(e.contains(field), "{e} should name {field}");
+        assert!(e.to_string().contains(field), "{e} should name {field}");
     }
 }

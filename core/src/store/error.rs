@@ -78,3 +78,34 @@ impl StoreError {
         )
     }
 }
+
+/// A store or policy configuration that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// A field is out of range or not allowed where it is; `field` is its path.
+    #[error("{field}: {what}")]
+    Field {
+        /// The field's path (`s3-fifo: small_ratio`, `type-aware: types.kv_cache.reuse_scale`).
+        field: String,
+        /// What was expected, and what was given.
+        what: String,
+    },
+    /// The configuration text does not parse.
+    #[error("policy config ({format}): {what}")]
+    Parse {
+        /// `JSON` or `TOML`.
+        format: &'static str,
+        /// The parser's message (with its line and column).
+        what: String,
+    },
+}
+
+impl ConfigError {
+    /// A field error.
+    pub fn field(field: impl Into<String>, what: impl Into<String>) -> Self {
+        ConfigError::Field {
+            field: field.into(),
+            what: what.into(),
+        }
+    }
+}

@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 use super::key::{StoreKey, StrKey};
 use super::policy::{EvictRequest, EvictionPolicy, ObjectMeta, PolicyConfig};
 use super::{
-    AccessHints, Candidate, DataType, Nanos, Payload, ReplicateConfig, Store, StoreError,
-    StoreResult, MS, SEC,
+    AccessHints, Candidate, ConfigError, DataType, Nanos, Payload, ReplicateConfig, Store,
+    StoreError, StoreResult, MS, SEC,
 };
 
 /// Slot index of an object in a [`MemStore`]; valid until the object is freed.
@@ -90,20 +90,20 @@ impl MemStoreConfig {
     }
 
     /// Check every field; the error names the field and what was expected.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.capacity_bytes == 0 {
-            return Err("capacity_bytes: expected > 0".into());
+            return Err(ConfigError::field("capacity_bytes", "expected > 0"));
         }
         if !(self.high_watermark > 0.0 && self.high_watermark <= 1.0) {
-            return Err(format!(
-                "high_watermark: expected in (0, 1], got {}",
-                self.high_watermark
+            return Err(ConfigError::field(
+                "high_watermark",
+                format!("expected in (0, 1], got {}", self.high_watermark),
             ));
         }
         if !(0.0..=1.0).contains(&self.eviction_ratio) {
-            return Err(format!(
-                "eviction_ratio: expected in [0, 1], got {}",
-                self.eviction_ratio
+            return Err(ConfigError::field(
+                "eviction_ratio",
+                format!("expected in [0, 1], got {}", self.eviction_ratio),
             ));
         }
         Ok(())
@@ -209,12 +209,12 @@ const EMPTY_META: ObjectMeta = ObjectMeta {
 
 impl<K: Hash + Eq + Clone> MemStore<K> {
     /// A store with the `mooncake-default` policy.
-    pub fn new(cfg: MemStoreConfig) -> Result<Self, String> {
+    pub fn new(cfg: MemStoreConfig) -> Result<Self, ConfigError> {
         Self::with_policy(cfg, &PolicyConfig::default())
     }
 
     /// A store with the configured policy.
-    pub fn with_policy(cfg: MemStoreConfig, policy: &PolicyConfig) -> Result<Self, String> {
+    pub fn with_policy(cfg: MemStoreConfig, policy: &PolicyConfig) -> Result<Self, ConfigError> {
         let p = policy.build()?;
         Self::with_policy_box(cfg, p)
     }
@@ -223,7 +223,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
     pub fn with_policy_box(
         cfg: MemStoreConfig,
         policy: Box<dyn EvictionPolicy>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ConfigError> {
         cfg.validate()?;
         Ok(Self {
             cfg,

@@ -18,7 +18,7 @@ pub mod policies;
 pub mod policy;
 mod recorded;
 
-pub use error::{StoreError, StoreResult};
+pub use error::{ConfigError, StoreError, StoreResult};
 pub use key::{OtherKey, StoreKey, StrKey, KV_PREFIX, MM_BLOB_PREFIX, MM_META_PREFIX};
 pub use mem::{MemStore, MemStoreConfig, ObjId, StoreStats, TypeStats};
 pub use policy::{

@@ -18,7 +18,7 @@ use super::policies::{
     Belady, BeladyCost, Fifo, Gdsf, Hierarchical, HierarchicalConfig, Lru, Ranked, S3Fifo,
     S3FifoConfig, Sieve, TypeAware, TypeAwareConfig, WTinyLfu, WTinyLfuConfig,
 };
-use super::{AccessHints, DataType, Nanos, ObjId};
+use super::{AccessHints, ConfigError, DataType, Nanos, ObjId};
 
 /// What a policy knows about one object slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,13 +295,13 @@ impl PolicyConfig {
             })?;
         p.validate().map_err(|reason| PolicyNameError::Invalid {
             name: name.to_string(),
-            reason,
+            reason: reason.to_string(),
         })?;
         Ok(p)
     }
 
     /// Build the configured policy, or say which setting is invalid.
-    pub fn build(&self) -> Result<Box<dyn EvictionPolicy>, String> {
+    pub fn build(&self) -> Result<Box<dyn EvictionPolicy>, ConfigError> {
         Ok(match self {
             PolicyConfig::MooncakeDefault {} => Box::new(MooncakeDefault::new()),
             PolicyConfig::TypeAware(c) => Box::new(TypeAware::new(c)?),
@@ -340,20 +340,26 @@ impl PolicyConfig {
     }
 
     /// Check every setting (as `build` does, without keeping the policy).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.build().map(|_| ())
     }
 
     /// Parse and validate a JSON policy config.
-    pub fn from_json_str(s: &str) -> Result<Self, String> {
-        let p: Self = serde_json::from_str(s).map_err(|e| format!("policy config (JSON): {e}"))?;
+    pub fn from_json_str(s: &str) -> Result<Self, ConfigError> {
+        let p: Self = serde_json::from_str(s).map_err(|e| ConfigError::Parse {
+            format: "JSON",
+            what: e.to_string(),
+        })?;
         p.validate()?;
         Ok(p)
     }
 
     /// Parse and validate a TOML policy config (the file the CLI reads).
-    pub fn from_toml_str(s: &str) -> Result<Self, String> {
-        let p: Self = toml::from_str(s).map_err(|e| format!("policy config (TOML): {e}"))?;
+    pub fn from_toml_str(s: &str) -> Result<Self, ConfigError> {
+        let p: Self = toml::from_str(s).map_err(|e| ConfigError::Parse {
+            format: "TOML",
+            what: e.to_string(),
+        })?;
         p.validate()?;
         Ok(p)
     }

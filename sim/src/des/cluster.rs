@@ -132,7 +132,7 @@ impl<'a> Simulation<'a> {
         let link = *hw.link(kind).map_err(|e| SimError::Models("link", e))?;
         let ecfg = engine_config(cfg, &cost, &hw, &spec, block_size)?;
         let store: MemStore<StoreKey> =
-            MemStore::with_policy(cfg.store.clone(), &cfg.policy).map_err(SimError::Store)?;
+            MemStore::with_policy(cfg.store.clone(), &cfg.policy).map_err(SimError::Policy)?;
         let pricing = Box::new(CostPricing { cost, link });
         let engine = Engine::new(ecfg, store, trace, Some(pricing))?;
         let workers = engine.workers() as usize;

@@ -152,12 +152,8 @@ impl SimConfig {
         if !(self.slo.ttft_ms > 0.0 && self.slo.tpot_ms > 0.0) {
             return bad("slo", "ttft_ms and tpot_ms must be > 0".into());
         }
-        self.store
-            .validate()
-            .map_err(|e| SimError::Store(e.to_string()))?;
-        self.policy
-            .build()
-            .map_err(|e| SimError::Store(format!("policy: {e}")))?;
+        self.store.validate().map_err(SimError::Store)?;
+        self.policy.build().map_err(SimError::Policy)?;
         Ok(())
     }
 }

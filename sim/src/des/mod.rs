@@ -22,9 +22,12 @@ pub enum SimError {
     /// The hardware profile, model spec or cost model refused the configuration.
     #[error("{0}: {1}")]
     Models(&'static str, #[source] moonagent_models::ModelError),
-    /// The store configuration or its policy is invalid.
-    #[error("store: {0}")]
-    Store(String),
+    /// The store configuration is invalid.
+    #[error("store.{0}")]
+    Store(#[source] moonagent_core::store::ConfigError),
+    /// The store's eviction policy is invalid.
+    #[error("policy: {0}")]
+    Policy(#[source] moonagent_core::store::ConfigError),
     /// The serving engine stopped.
     #[error(transparent)]
     Serve(#[from] moonagent_core::serve::ServeError),

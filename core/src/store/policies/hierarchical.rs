@@ -55,6 +55,7 @@
 //! budget_ratio = 0.1
 //! ```
 
+use crate::store::ConfigError;
 use serde::{Deserialize, Serialize};
 
 use super::gdsf::GdsfState;
@@ -252,7 +253,7 @@ pub struct Hierarchical {
     now: Nanos,
 }
 
-fn build_rule(rule: &LeafRule, path: &str) -> Result<Rule, String> {
+fn build_rule(rule: &LeafRule, path: &str) -> Result<Rule, ConfigError> {
     Ok(match rule {
         LeafRule::Lease {} => Rule::Lease,
         LeafRule::Lru {} => Rule::Lru,
@@ -270,23 +271,25 @@ fn build_node(
     parent: u32,
     path: String,
     nodes: &mut Vec<Node>,
-) -> Result<u32, String> {
+) -> Result<u32, ConfigError> {
     if !(cfg.weight.is_finite() && cfg.weight >= 0.0) {
-        return Err(format!(
-            "hierarchical: {path}.weight: expected a finite number >= 0, got {}",
-            cfg.weight
+        return Err(ConfigError::field(
+            format!("hierarchical: {path}.weight"),
+            format!("expected a finite number >= 0, got {}", cfg.weight),
         ));
     }
     if let Some(r) = cfg.budget_ratio {
         if !(0.0..=1.0).contains(&r) {
-            return Err(format!(
-                "hierarchical: {path}.budget_ratio: expected in [0, 1], got {r}"
+            return Err(ConfigError::field(
+                format!("hierarchical: {path}.budget_ratio"),
+                format!("expected in [0, 1], got {r}"),
             ));
         }
     }
     if cfg.select.is_empty_list() {
-        return Err(format!(
-            "hierarchical: {path}.select: expected a non-empty list"
+        return Err(ConfigError::field(
+            format!("hierarchical: {path}.select"),
+            "expected a non-empty list",
         ));
     }
     let rule = build_rule(&cfg.evict, &path)?;
@@ -309,8 +312,9 @@ fn build_node(
     for (j, c) in cfg.children.iter().enumerate() {
         let cpath = format!("{path}.children[{j}]");
         if has_any {
-            return Err(format!(
-                "hierarchical: {cpath}: unreachable, an earlier sibling selects \"any\""
+            return Err(ConfigError::field(
+                format!("hierarchical: {cpath}"),
+                "unreachable, an earlier sibling selects \"any\"",
             ));
         }
         let ci = build_node(c, idx, cpath, nodes)?;
@@ -362,9 +366,12 @@ fn apportion(rem: u64, w: &[u128]) -> Vec<u64> {
 
 impl Hierarchical {
     /// Build from a config, or say which field (by its path in the tree) is invalid.
-    pub fn new(cfg: &HierarchicalConfig) -> Result<Self, String> {
+    pub fn new(cfg: &HierarchicalConfig) -> Result<Self, ConfigError> {
         if cfg.tree.select != Selector::Any {
-            return Err("hierarchical: tree.select: the root scope must select \"any\"".into());
+            return Err(ConfigError::field(
+                "hierarchical: tree.select",
+                "the root scope must select \"any\"",
+            ));
         }
         let mut nodes = Vec::new();
         build_node(&cfg.tree, NIL, "tree".into(), &mut nodes)?;

@@ -35,6 +35,7 @@
 //! the key out of the ghost. `MemStore` does not call it (the hit is decided at
 //! `on_insert`); the plain replay (`moonagent replay --cache-model plain`) does.
 
+use crate::store::ConfigError;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
@@ -118,17 +119,17 @@ pub struct S3Fifo {
 
 impl S3Fifo {
     /// Build from a config, or say which field is invalid.
-    pub fn new(cfg: &S3FifoConfig) -> Result<Self, String> {
+    pub fn new(cfg: &S3FifoConfig) -> Result<Self, ConfigError> {
         if !(cfg.small_ratio > 0.0 && cfg.small_ratio < 1.0) {
-            return Err(format!(
-                "s3-fifo: small_ratio: expected in (0, 1), got {}",
-                cfg.small_ratio
+            return Err(ConfigError::field(
+                "s3-fifo: small_ratio",
+                format!("expected in (0, 1), got {}", cfg.small_ratio),
             ));
         }
         if !(0.0..=1.0).contains(&cfg.ghost_ratio) {
-            return Err(format!(
-                "s3-fifo: ghost_ratio: expected in [0, 1], got {}",
-                cfg.ghost_ratio
+            return Err(ConfigError::field(
+                "s3-fifo: ghost_ratio",
+                format!("expected in [0, 1], got {}", cfg.ghost_ratio),
             ));
         }
         Ok(Self {

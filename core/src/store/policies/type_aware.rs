@@ -29,6 +29,7 @@
 //! Soft-pinned objects stay in pass 2 (Mooncake's structure), so `soft_pin_weight` orders
 //! soft-pinned objects of different types among themselves.
 
+use crate::store::ConfigError;
 use serde::{Deserialize, Serialize};
 
 use super::{smallest_first, soft_quota, unpinned_quota, RankKey};
@@ -85,35 +86,33 @@ impl TypeKnobsByType {
 
     /// Check every knob; `ctx` prefixes the field path in errors. `budgets` says whether
     /// `budget_ratio` is allowed here.
-    pub(crate) fn validate(&self, ctx: &str, budgets: bool) -> Result<(), String> {
+    pub(crate) fn validate(&self, ctx: &str, budgets: bool) -> Result<(), ConfigError> {
         for t in DataType::ALL {
             let k = self.get(t);
             let f = |field: &str| format!("{ctx}types.{}.{field}", t.name());
             if !(k.reuse_scale.is_finite() && k.reuse_scale > 0.0) {
-                return Err(format!(
-                    "{}: expected a finite number > 0, got {}",
+                return Err(ConfigError::field(
                     f("reuse_scale"),
-                    k.reuse_scale
+                    format!("expected a finite number > 0, got {}", k.reuse_scale),
                 ));
             }
             if !(k.soft_pin_weight.is_finite() && k.soft_pin_weight > 0.0) {
-                return Err(format!(
-                    "{}: expected a finite number > 0, got {}",
+                return Err(ConfigError::field(
                     f("soft_pin_weight"),
-                    k.soft_pin_weight
+                    format!("expected a finite number > 0, got {}", k.soft_pin_weight),
                 ));
             }
             if let Some(r) = k.budget_ratio {
                 if !budgets {
-                    return Err(format!(
-                        "{}: not allowed in a leaf rule (budget a scope with its budget_ratio)",
-                        f("budget_ratio")
+                    return Err(ConfigError::field(
+                        f("budget_ratio"),
+                        "not allowed in a leaf rule (budget a scope with its budget_ratio)",
                     ));
                 }
                 if !(0.0..=1.0).contains(&r) {
-                    return Err(format!(
-                        "{}: expected in [0, 1], got {r}",
-                        f("budget_ratio")
+                    return Err(ConfigError::field(
+                        f("budget_ratio"),
+                        format!("expected in [0, 1], got {r}"),
                     ));
                 }
             }
@@ -199,7 +198,7 @@ pub struct TypeAware {
 
 impl TypeAware {
     /// Build from a config, or say which field is invalid.
-    pub fn new(cfg: &TypeAwareConfig) -> Result<Self, String> {
+    pub fn new(cfg: &TypeAwareConfig) -> Result<Self, ConfigError> {
         cfg.types.validate("type-aware: ", true)?;
         Ok(Self {
             ages: cfg.types.ages(),

@@ -25,6 +25,7 @@
 //! objects), else at the first eviction run from the store's object count; it is rebuilt
 //! (cleared) when the store holds more than twice the objects it was sized for.
 
+use crate::store::ConfigError;
 use serde::{Deserialize, Serialize};
 
 use super::{soft_quota, unpinned_quota, Links, Queue, NIL};
@@ -141,17 +142,17 @@ pub struct WTinyLfu {
 
 impl WTinyLfu {
     /// Build from a config, or say which field is invalid.
-    pub fn new(cfg: &WTinyLfuConfig) -> Result<Self, String> {
+    pub fn new(cfg: &WTinyLfuConfig) -> Result<Self, ConfigError> {
         if !(0.0..1.0).contains(&cfg.window_ratio) {
-            return Err(format!(
-                "w-tinylfu: window_ratio: expected in [0, 1), got {}",
-                cfg.window_ratio
+            return Err(ConfigError::field(
+                "w-tinylfu: window_ratio",
+                format!("expected in [0, 1), got {}", cfg.window_ratio),
             ));
         }
         if !(0.0..=1.0).contains(&cfg.protected_ratio) {
-            return Err(format!(
-                "w-tinylfu: protected_ratio: expected in [0, 1], got {}",
-                cfg.protected_ratio
+            return Err(ConfigError::field(
+                "w-tinylfu: protected_ratio",
+                format!("expected in [0, 1], got {}", cfg.protected_ratio),
             ));
         }
         Ok(Self {
