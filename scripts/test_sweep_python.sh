@@ -58,3 +58,5 @@ args=(--bin "$BIN")
 [[ $RAY == 1 ]] && args+=(--ray)
 [[ ${MOONAGENT_SWEEP_FULL:-0} == 1 ]] && args+=(--full)
 "$VENV/bin/python" tests/python/test_sweep_parquet.py "${args[@]}"
+# The README's "analyse them with polars" example, as written.
+"$VENV/bin/python" tests/python/test_readme_polars.py --bin "$BIN"
