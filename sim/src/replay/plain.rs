@@ -25,10 +25,8 @@
 //! The policies agree with libCacheSim's hit counts exactly where their algorithms are the
 //! same (see `tests/python/test_libcachesim_oracle.py` and INVARIANTS R7).
 
-use std::collections::BTreeMap;
-
 use moonagent_core::store::{
-    DataType, EvictRequest, EvictionPolicy, ObjId, ObjectMeta, StoreStats, TypeStats,
+    DataType, EvictRequest, EvictionPolicy, ObjId, ObjectMeta, StoreStats,
 };
 use serde::{Deserialize, Serialize};
 
@@ -221,25 +219,7 @@ pub fn replay_plain(
         by[t].puts += 1;
         c.policy.on_insert(ObjId(slot), &c.metas[slot as usize]);
     }
-    let mut by_type = BTreeMap::new();
-    let mut total = TypeResult::default();
-    for t in DataType::ALL {
-        let r = &mut by[t.index()];
-        let s: &TypeStats = &c.stats.by_type[t.index()];
-        r.evicted = s.evicted;
-        r.evicted_bytes = s.evicted_bytes;
-        if r.lookups > 0 {
-            by_type.insert(t.name().to_string(), *r);
-        }
-        total.add(r);
-    }
-    Ok(PolicyResult {
-        label: lp.label.clone(),
-        policy: lp.policy.clone(),
-        by_type,
-        total,
-        store: c.stats,
-    })
+    Ok(PolicyResult::assemble(lp, by, c.stats))
 }
 
 /// Replay every (plain cache, policy) pair in parallel (rayon): one row per cache, each

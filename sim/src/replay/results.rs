@@ -142,6 +142,34 @@ pub struct PolicyResult {
 }
 
 impl PolicyResult {
+    /// A policy's result from its per-type counters and its store's stats (evictions come
+    /// from the stats; only types that were looked up are listed; `total` sums all).
+    pub fn assemble(
+        lp: &LabelledPolicy,
+        mut by: [TypeResult; DataType::COUNT],
+        stats: StoreStats,
+    ) -> Self {
+        let mut by_type = BTreeMap::new();
+        let mut total = TypeResult::default();
+        for t in DataType::ALL {
+            let r = &mut by[t.index()];
+            let s = &stats.by_type[t.index()];
+            r.evicted = s.evicted;
+            r.evicted_bytes = s.evicted_bytes;
+            if r.lookups > 0 {
+                by_type.insert(t.name().to_string(), *r);
+            }
+            total.add(r);
+        }
+        PolicyResult {
+            label: lp.label.clone(),
+            policy: lp.policy.clone(),
+            by_type,
+            total,
+            store: stats,
+        }
+    }
+
     /// The counters of data type `t` (zeros when it was never looked up).
     pub fn of(&self, t: DataType) -> TypeResult {
         self.by_type.get(t.name()).copied().unwrap_or_default()

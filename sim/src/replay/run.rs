@@ -2,8 +2,6 @@
 //! lookups with `exists`, puts), per-type counters, and the parallel fan-out over
 //! policies and store configs.
 
-use std::collections::BTreeMap;
-
 use moonagent_core::serve::kv_prefix::{self, BlockStore, Publish};
 use moonagent_core::store::{
     AccessHints, DataType, MemStore, MemStoreConfig, Payload, ReplicateConfig, StoreError,
@@ -91,25 +89,7 @@ pub fn replay_one(
         }
     }
     let stats = run.store.stats().clone();
-    let mut by_type = BTreeMap::new();
-    let mut total = TypeResult::default();
-    for t in DataType::ALL {
-        let r = &mut run.by[t.index()];
-        let s = &stats.by_type[t.index()];
-        r.evicted = s.evicted;
-        r.evicted_bytes = s.evicted_bytes;
-        if r.lookups > 0 {
-            by_type.insert(t.name().to_string(), *r);
-        }
-        total.add(r);
-    }
-    Ok(PolicyResult {
-        label: lp.label.clone(),
-        policy: lp.policy.clone(),
-        by_type,
-        total,
-        store: stats,
-    })
+    Ok(PolicyResult::assemble(lp, run.by, stats))
 }
 
 #[inline]
