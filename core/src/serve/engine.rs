@@ -58,9 +58,7 @@ struct Worker {
     dec: bool,
     inflight: Inflight,
     enc_q: VecDeque<(JobId, u32)>,
-    enc_q_tokens: u64,
     pre_q: VecDeque<JobId>,
-    pre_q_tokens: u64,
     dec_wait: VecDeque<JobId>,
     batch: DecodeBatch,
     pool: Option<PoolCore>,
@@ -302,9 +300,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             dec,
             inflight: Inflight::Idle,
             enc_q: VecDeque::new(),
-            enc_q_tokens: 0,
             pre_q: VecDeque::new(),
-            pre_q_tokens: 0,
             dec_wait: VecDeque::new(),
             batch: DecodeBatch::new(cfg.kv_block_tokens),
             pool,
@@ -524,7 +520,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         self.jobs[job as usize].queued_ns = ns;
         let wk = &mut self.workers[w as usize];
         wk.pre_q.push_back(job);
-        wk.pre_q_tokens += u64::from(new);
         wk.load.prefill_queued_ns += ns;
     }
 
@@ -723,7 +718,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             let ns = self.priced(|p| p.encode_ns(&[img.tokens]));
             let wk = &mut self.workers[w as usize];
             wk.enc_q.push_back((job, idx));
-            wk.enc_q_tokens += u64::from(img.tokens);
             wk.load.encode_queued_ns += ns;
             self.jobs[job as usize].pending_images += 1;
             if !to_kick.contains(&w) {
@@ -896,7 +890,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             let ns = self.priced(|p| p.encode_ns(&[t]));
             let wk = &mut self.workers[w as usize];
             wk.enc_q.pop_front();
-            wk.enc_q_tokens -= u64::from(t);
             wk.load.encode_queued_ns -= ns;
             sum += u64::from(t);
             batch.push((job, idx));
@@ -1042,7 +1035,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             Inflight::Prefill(chunks) => {
                 for (job, n) in chunks {
                     let wk = &mut self.workers[w as usize];
-                    wk.pre_q_tokens -= u64::from(n);
                     let j = &mut self.jobs[job as usize];
                     wk.load.prefill_queued_ns -= std::mem::take(&mut j.queued_ns);
                     j.prefill_done += n;
