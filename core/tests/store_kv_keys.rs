@@ -1,6 +1,7 @@
-//! The prefix-KV fast path is the string path: `exists_kv(b)` / `put_kv(b)` on a store give
-//! the same results, stats and keys as `exists("kv:<b>")` / `put("kv:<b>")`, for both key
-//! types, and so are the typed-key operations the embedding cache uses (INVARIANTS S10).
+//! Typed keys are the string keys: `exists_key` / `put_key` of `StoreKey::Kv(b)` (the
+//! engine's prefix-KV path) give the same results, stats and keys as `exists("kv:<b>")` /
+//! `put("kv:<b>")`, for both key types, and so do the other typed-key operations the
+//! embedding cache uses (INVARIANTS S10).
 
 use moonagent_core::store::{
     DataType, MemStore, MemStoreConfig, Payload, ReplicateConfig, Store, StoreKey, StrKey,
@@ -22,11 +23,14 @@ fn check<K: StrKey + std::fmt::Debug>(ops: &[(bool, u64, u64)]) -> Result<(), Te
         let now = i as u64 * 3_000_000;
         let key = format!("kv:{b}");
         if put {
-            let a = fast.put_kv(now, b, Payload::SizeOnly(size), &rc);
+            let a = fast.put_key(now, &StoreKey::Kv(b), Payload::SizeOnly(size), &rc);
             let s = slow.put(now, &key, Payload::SizeOnly(size), &rc);
             prop_assert_eq!(a, s);
         } else {
-            prop_assert_eq!(fast.exists_kv(now, b), slow.exists(now, &key));
+            prop_assert_eq!(
+                fast.exists_key(now, &StoreKey::Kv(b)),
+                slow.exists(now, &key)
+            );
         }
     }
     prop_assert_eq!(fast.stats(), slow.stats());
@@ -48,8 +52,12 @@ proptest! {
 #[test]
 fn kv_key_is_the_parsed_string() {
     for b in [0u64, 7, 10, u64::MAX] {
-        assert_eq!(StoreKey::kv(b), StoreKey::parse(&format!("kv:{b}")));
-        assert_eq!(<String as StrKey>::kv(b), format!("kv:{b}"));
+        let k = StoreKey::Kv(b);
+        assert_eq!(
+            StoreKey::of_store_key(&k),
+            StoreKey::parse(&format!("kv:{b}"))
+        );
+        assert_eq!(<String as StrKey>::of_store_key(&k), format!("kv:{b}"));
     }
 }
 
@@ -78,7 +86,10 @@ fn check_typed<K: StrKey + std::fmt::Debug>(ops: &[(u8, u8, u64)]) -> Result<(),
                 typed.put_key(now, &key, Payload::Bytes(vec![k; size as usize % 50]), &rc),
                 text.put(now, &s, Payload::Bytes(vec![k; size as usize % 50]), &rc)
             ),
-            1 => prop_assert_eq!(typed.get_size_key(now, &key), text.get_size(now, &s)),
+            1 => {
+                prop_assert_eq!(typed.get_size_key(now, &key), text.get_size(now, &s));
+                prop_assert_eq!(typed.exists_key(now, &key), text.exists(now, &s));
+            }
             2 => {
                 prop_assert_eq!(
                     typed.get_into_key(now, &key, &mut b1),

@@ -7,7 +7,7 @@ use crate::fork::{
     fork_request, AdmissionInput, BranchState, PoolConfig, PoolCore, PoolStats, SeqId,
 };
 use crate::mm_cache::{CacheConfig, Lookup, MmCache, ModelCtx};
-use crate::store::{DataType, Payload, ReplicateConfig, Store, StoreResult};
+use crate::store::{DataType, Payload, ReplicateConfig, Store, StoreKey, StoreResult};
 
 use super::decode::{DecodeBatch, Leaving, StepOutcome};
 use super::kv_prefix::{self, BlockStore, Publish};
@@ -214,7 +214,7 @@ struct KvBlocks<'s, S: Store> {
 
 impl<S: Store> BlockStore for KvBlocks<'_, S> {
     fn block_exists(&mut self, i: usize) -> StoreResult<bool> {
-        self.store.exists_kv(self.now, self.ids[i])
+        self.store.exists_key(self.now, &StoreKey::Kv(self.ids[i]))
     }
     fn block_put(&mut self, i: usize) -> StoreResult<()> {
         let payload = match self.payloads {
@@ -224,9 +224,9 @@ impl<S: Store> BlockStore for KvBlocks<'_, S> {
                 self.block_bytes,
             )),
         };
-        self.store.put_kv(
+        self.store.put_key(
             self.now,
-            self.ids[i],
+            &StoreKey::Kv(self.ids[i]),
             payload,
             &ReplicateConfig::of(DataType::KvCache),
         )

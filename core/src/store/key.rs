@@ -155,11 +155,6 @@ pub trait StrKey: Hash + Eq + Clone + Borrow<<Self as StrKey>::Lookup> {
     fn owned(key: &str) -> Self;
     /// Run `f` on the lookup form of `key`.
     fn with_lookup<R>(key: &str, f: impl FnOnce(&Self::Lookup) -> R) -> R;
-    /// The key of prefix-KV block `block`: exactly `Self::owned(&format!("kv:{block}"))`
-    /// (test `store_kv_keys.rs`), without the string when the key type can.
-    fn kv(block: u64) -> Self {
-        Self::owned(&format!("{KV_PREFIX}{block}"))
-    }
     /// The key of a typed key: exactly `Self::owned(&key.to_string())`.
     fn of_store_key(key: &StoreKey) -> Self {
         Self::owned(&key.to_string())
@@ -185,10 +180,6 @@ impl StrKey for StoreKey {
     type Lookup = StoreKey;
     fn owned(key: &str) -> Self {
         Self::parse(key)
-    }
-    #[inline]
-    fn kv(block: u64) -> Self {
-        StoreKey::Kv(block)
     }
     #[inline]
     fn of_store_key(key: &StoreKey) -> Self {

@@ -815,8 +815,8 @@ impl<K: StrKey> Store for MemStore<K> {
     fn remove(&mut self, now: Nanos, key: &str, force: bool) -> StoreResult<()> {
         K::with_lookup(key, |k| self.remove_with(now, k, force))
     }
-    fn exists_kv(&mut self, now: Nanos, block: u64) -> StoreResult<bool> {
-        self.exists_with(now, K::kv(block).borrow())
+    fn exists_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<bool> {
+        K::with_store_key(key, |k| self.exists_with(now, k))
     }
     fn get_into_key(&mut self, now: Nanos, key: &StoreKey, buf: &mut [u8]) -> StoreResult<u64> {
         K::with_store_key(key, |k| self.get_into_with(now, k, buf, None))
@@ -842,16 +842,6 @@ impl<K: StrKey> Store for MemStore<K> {
     }
     fn remove_key(&mut self, now: Nanos, key: &StoreKey, force: bool) -> StoreResult<()> {
         K::with_store_key(key, |k| self.remove_with(now, k, force))
-    }
-    fn put_kv(
-        &mut self,
-        now: Nanos,
-        block: u64,
-        payload: Payload,
-        cfg: &ReplicateConfig,
-    ) -> StoreResult<()> {
-        self.put_with(now, K::kv(block), payload, cfg, AccessHints::default())
-            .map(|_| ())
     }
     fn begin_read(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
         K::with_lookup(key, |k| self.begin_read_with(now, k, None))

@@ -204,21 +204,11 @@ pub trait Store {
         }
     }
 
-    /// Whether prefix-KV block `block` exists: [`Store::exists`] of the key
-    /// `kv:<block>` (stores with compact keys skip the string).
-    fn exists_kv(&mut self, now: Nanos, block: u64) -> StoreResult<bool> {
-        self.exists(now, &format!("{KV_PREFIX}{block}"))
-    }
-
-    /// Put prefix-KV block `block`: [`Store::put`] under the key `kv:<block>`.
-    fn put_kv(
-        &mut self,
-        now: Nanos,
-        block: u64,
-        payload: Payload,
-        cfg: &ReplicateConfig,
-    ) -> StoreResult<()> {
-        self.put(now, &format!("{KV_PREFIX}{block}"), payload, cfg)
+    /// [`Store::exists`] of a typed key (stores with compact keys skip the string; every
+    /// other store formats it: the same key, test `store_kv_keys.rs`). The engine's
+    /// prefix-KV lookups use it with `StoreKey::Kv(block)`.
+    fn exists_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<bool> {
+        self.exists(now, &key.to_string())
     }
 
     /// [`Store::get_into`] of a typed key (stores with compact keys skip the string; every
@@ -338,17 +328,8 @@ impl<S: Store + ?Sized> Store for &mut S {
     ) -> StoreResult<()> {
         (**self).put(now, key, payload, cfg)
     }
-    fn exists_kv(&mut self, now: Nanos, block: u64) -> StoreResult<bool> {
-        (**self).exists_kv(now, block)
-    }
-    fn put_kv(
-        &mut self,
-        now: Nanos,
-        block: u64,
-        payload: Payload,
-        cfg: &ReplicateConfig,
-    ) -> StoreResult<()> {
-        (**self).put_kv(now, block, payload, cfg)
+    fn exists_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<bool> {
+        (**self).exists_key(now, key)
     }
     fn begin_read(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
         (**self).begin_read(now, key)
