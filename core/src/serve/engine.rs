@@ -511,6 +511,14 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         }
     }
 
+    /// Under smart scheduling, when worker `w`'s batch starting at `now` is predicted to
+    /// end (`price` of the batch); nothing otherwise (no other mode reads it).
+    fn mark_busy(&mut self, w: WorkerId, now: Nanos, price: impl FnOnce(&dyn Pricing) -> u64) {
+        if let (Some(p), true) = (&self.pricing, self.cfg.mode.smart_scheduling()) {
+            self.workers[w as usize].load.busy_until = now + price(p.as_ref());
+        }
+    }
+
     /// Queue `job` for prefill on `w` (its remaining tokens priced for the load signal).
     fn queue_prefill(&mut self, w: WorkerId, job: JobId) {
         let j = &self.jobs[job as usize];
@@ -901,10 +909,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 rec.encode_start_ns = now;
             }
         }
-        let ns = self.priced(|p| p.encode_ns(&tokens));
-        let wk = &mut self.workers[w as usize];
-        wk.inflight = Inflight::Encode(batch);
-        wk.load.busy_until = now + ns;
+        self.mark_busy(w, now, |p| p.encode_ns(&tokens));
+        self.workers[w as usize].inflight = Inflight::Encode(batch);
         self.actions.push(Action::Encode { worker: w, tokens });
     }
 
@@ -929,10 +935,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 self.tops[top].rec.prefill_start_ns = now;
             }
         }
-        let ns = self.priced(|p| p.prefill_ns(&shapes));
-        let wk = &mut self.workers[w as usize];
-        wk.inflight = Inflight::Prefill(chunks);
-        wk.load.busy_until = now + ns;
+        self.mark_busy(w, now, |p| p.prefill_ns(&shapes));
+        self.workers[w as usize].inflight = Inflight::Prefill(chunks);
         self.actions.push(Action::Prefill {
             worker: w,
             chunks: shapes,
@@ -980,17 +984,9 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             });
         }
         let (batch, ctx_sum) = (wk.batch.len(), wk.batch.ctx_sum());
-        let smart = self.cfg.mode.smart_scheduling();
-        let ns = if smart {
-            self.priced(|p| p.decode_ns(batch, ctx_sum))
-        } else {
-            0
-        };
+        self.mark_busy(w, now, |p| p.decode_ns(batch, ctx_sum));
         let wk = &mut self.workers[w as usize];
         wk.inflight = Inflight::Decode;
-        if smart {
-            wk.load.busy_until = now + ns;
-        }
         self.actions.push(Action::Decode {
             worker: w,
             batch,
