@@ -5,4 +5,5 @@
 //! so the embedding cache, eviction experiments and (later) measured runs execute the very
 //! same core code on a real store as on the embedded `MemStore`.
 
+pub mod backend;
 pub mod mooncake;

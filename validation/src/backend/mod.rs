@@ -1,0 +1,535 @@
+//! The thin real backend: the core's serving engine driven in wall time.
+//!
+//! The engine (`moonagent_core::serve::Engine`) decides everything: routing, batching,
+//! the embedding cache, prefix KV, fork, the block pools. This driver executes each
+//! [`Action`] for real and reports its completion at the wall-clock time it happened; it
+//! decides nothing. Every worker (GPU instance) is a thread that runs its compute steps
+//! through an [`Executor`]; every worker's NIC is a thread that moves real bytes over
+//! loopback TCP ([`link`]); the router's fingerprinting is a thread that hashes real
+//! pixel bytes. The main thread owns the engine: it feeds arrivals at their trace times
+//! and completions as they come back, logs every input and action, and never blocks on
+//! bytes.
+//!
+//! Times given to the engine are nanoseconds since the run started, read on the main
+//! thread when it takes each input: the engine's view of time is monotone by construction,
+//! and a recorded input log replays through a fresh engine to the very same action log
+//! ([`moonagent_core::serve::toy::replay_inputs`]), which is how a measured run proves it
+//! made its decisions through the core.
+//!
+//! Faults: a worker's failure stops the run with its error; if work is in flight and
+//! nothing completes for [`RunOptions::stall_timeout`], the run stops with
+//! [`BackendError::Stalled`] instead of hanging.
+
+pub mod link;
+
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use moonagent_core::serve::toy::Input;
+use moonagent_core::serve::{
+    Action, Counters, Done, Engine, Extra, Flow, RequestRecord, RequestView, ServeError, WorkerId,
+};
+use moonagent_core::store::Store;
+use serde::{Deserialize, Serialize};
+
+use link::{LinkError, Nic, Sink};
+
+/// One compute step of a worker, as the engine asked for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Step {
+    /// A vision-encoder batch: visual tokens of each image.
+    Encode(Vec<u32>),
+    /// A prefill iteration: `(new, cached)` tokens of each chunk.
+    Prefill(Vec<(u32, u32)>),
+    /// A decode iteration.
+    Decode {
+        /// Sequences.
+        batch: u32,
+        /// Their summed context.
+        ctx_sum: u64,
+        /// Work before the tokens (recompute, fork tail copies).
+        extra: Vec<Extra>,
+    },
+}
+
+/// Runs compute steps for real. One call at a time per worker; different workers call
+/// concurrently from their own threads.
+pub trait Executor: Send + Sync {
+    /// Run `step` on `worker` and return when its results exist.
+    fn run(&self, worker: WorkerId, step: &Step) -> Result<(), ExecError>;
+    /// Hash `bytes` of processed pixels on the router.
+    fn fingerprint(&self, bytes: u64) -> Result<(), ExecError>;
+}
+
+/// A compute step that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
+pub struct ExecError {
+    /// What failed, and why.
+    pub what: String,
+}
+
+/// Why a measured run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The engine refused an input.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    /// A worker's compute failed.
+    #[error("worker {worker}: {source}")]
+    Exec {
+        /// The worker.
+        worker: WorkerId,
+        /// The failure.
+        #[source]
+        source: ExecError,
+    },
+    /// A transfer failed.
+    #[error("worker {worker} NIC: {source}")]
+    Link {
+        /// The worker whose NIC failed.
+        worker: WorkerId,
+        /// The failure.
+        #[source]
+        source: LinkError,
+    },
+    /// Work was in flight and nothing completed for this long.
+    #[error("stalled: {inflight} completions outstanding and none for {waited:?} (a worker or the store hangs)")]
+    Stalled {
+        /// Completions outstanding.
+        inflight: usize,
+        /// How long the driver waited.
+        waited: Duration,
+    },
+    /// A thread could not be started or died.
+    #[error("backend thread: {0}")]
+    Thread(String),
+}
+
+/// How a run is paced and guarded.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOptions {
+    /// Stop with [`BackendError::Stalled`] when work is in flight and nothing completes
+    /// for this long.
+    pub stall_timeout: Duration,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            stall_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What a worker thread measured for one unit of work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timed {
+    /// The worker (for transfers: the NIC's worker; for fingerprints: `u32::MAX`).
+    pub worker: WorkerId,
+    /// What ran.
+    pub what: Work,
+    /// When it started, ns since the run started.
+    pub start_ns: u64,
+    /// How long it took, ns.
+    pub measured_ns: u64,
+}
+
+/// A unit of measured work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Work {
+    /// A compute step.
+    Step(Step),
+    /// One transfer.
+    Transfer {
+        /// Direction and payload.
+        flow: Flow,
+        /// Bytes.
+        bytes: u64,
+    },
+    /// A fingerprint over processed pixels.
+    Fingerprint {
+        /// Bytes hashed.
+        bytes: u64,
+    },
+}
+
+/// What a measured run saw and produced.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    /// Every engine input with its time (replay it with `toy::replay_inputs`).
+    pub inputs: Vec<(u64, Input)>,
+    /// Every action the engine decided, with its time.
+    pub actions: Vec<(u64, Action)>,
+    /// Per-request records in trace order (wall-clock ns since the run started).
+    pub records: Vec<RequestRecord>,
+    /// Whether each request finished.
+    pub done: Vec<bool>,
+    /// The engine's counters.
+    pub counters: Counters,
+    /// Every unit of work the threads timed, in completion order.
+    pub timed: Vec<Timed>,
+    /// Wall time of the whole run, ns.
+    pub wall_ns: u64,
+}
+
+/// A completion (or failure) reported by a backend thread.
+enum Event {
+    Done(Option<Done>, Timed),
+    Failed(BackendError),
+}
+
+/// Work for a NIC thread: transfers in order, then the completion.
+struct NicJob {
+    xfers: Vec<(Flow, u64)>,
+    done: Option<Done>,
+}
+
+/// Run `engine` over `trace` in wall time: request `i` arrives `arrivals[i]` ns after the
+/// start (ascending). Returns when every request finished, or with the first error.
+pub fn run<S: Store, R: RequestView>(
+    engine: &mut Engine<'_, S, R>,
+    arrivals: &[u64],
+    exec: Arc<dyn Executor>,
+    opts: RunOptions,
+) -> Result<Measured, BackendError> {
+    let workers = engine.workers() as usize;
+    let start = Instant::now();
+    let (tx, rx) = mpsc::channel::<Event>();
+    let sink = Sink::start(workers).map_err(|source| BackendError::Link { worker: 0, source })?;
+
+    let mut compute: Vec<Sender<Step>> = Vec::with_capacity(workers);
+    let mut nics: Vec<Sender<NicJob>> = Vec::with_capacity(workers);
+    let mut handles: Vec<JoinHandle<()>> = Vec::new();
+    for w in 0..workers as WorkerId {
+        let (stx, srx) = mpsc::channel::<Step>();
+        let (events, ex) = (tx.clone(), Arc::clone(&exec));
+        handles.push(spawn(format!("worker-{w}"), move || {
+            compute_thread(w, srx, ex, events, start)
+        })?);
+        compute.push(stx);
+        let nic = sink
+            .connect()
+            .map_err(|source| BackendError::Link { worker: w, source })?;
+        let (ntx, nrx) = mpsc::channel::<NicJob>();
+        let events = tx.clone();
+        handles.push(spawn(format!("nic-{w}"), move || {
+            nic_thread(w, nic, nrx, events, start)
+        })?);
+        nics.push(ntx);
+    }
+    let (ftx, frx) = mpsc::channel::<(u32, u64)>();
+    {
+        let (events, ex) = (tx.clone(), Arc::clone(&exec));
+        handles.push(spawn("router".into(), move || {
+            router_thread(frx, ex, events, start)
+        })?);
+    }
+    drop(tx);
+
+    let mut m = Measured::default();
+    let mut inflight = 0usize;
+    let mut cursor = 0usize;
+    let elapsed = |start: Instant| start.elapsed().as_nanos() as u64;
+    let result = (|| -> Result<(), BackendError> {
+        loop {
+            // Completions already reported come first: they happened before now.
+            let event = match rx.try_recv() {
+                Ok(ev) => Some(ev),
+                Err(_) => {
+                    if cursor == arrivals.len() && inflight == 0 {
+                        return Ok(());
+                    }
+                    let now = elapsed(start);
+                    match arrivals.get(cursor) {
+                        Some(&a) if a <= now => None,
+                        next => {
+                            let wait = next.map_or(opts.stall_timeout, |&a| {
+                                Duration::from_nanos(a - now).min(opts.stall_timeout)
+                            });
+                            match rx.recv_timeout(wait) {
+                                Ok(ev) => Some(ev),
+                                Err(RecvTimeoutError::Timeout) => {
+                                    // A full stall timeout with work in flight, not
+                                    // just the wait for the next arrival.
+                                    if wait == opts.stall_timeout && inflight > 0 {
+                                        return Err(BackendError::Stalled {
+                                            inflight,
+                                            waited: wait,
+                                        });
+                                    }
+                                    continue;
+                                }
+                                Err(RecvTimeoutError::Disconnected) => {
+                                    return Err(BackendError::Thread(
+                                        "every backend thread exited".into(),
+                                    ))
+                                }
+                            }
+                        }
+                    }
+                }
+            };
+            let now = elapsed(start);
+            let input = match event {
+                Some(Event::Failed(e)) => return Err(e),
+                Some(Event::Done(done, timed)) => {
+                    m.timed.push(timed);
+                    match done {
+                        Some(d) => {
+                            inflight -= 1;
+                            engine.complete(now, d)?;
+                            Input::Complete(d)
+                        }
+                        None => continue,
+                    }
+                }
+                None => {
+                    engine.arrive(now, cursor)?;
+                    cursor += 1;
+                    Input::Arrive(cursor - 1)
+                }
+            };
+            m.inputs.push((now, input));
+            while let Some(a) = engine.poll_action() {
+                inflight += dispatch(&a, &compute, &nics, &ftx)?;
+                m.actions.push((now, a));
+            }
+        }
+    })();
+    m.wall_ns = elapsed(start);
+    drop((compute, nics, ftx, rx));
+    // On success every thread is idle and exits at once. On an error a thread may be
+    // stuck in the step that caused it: leave it; it exits when it next reports.
+    if result.is_ok() {
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+    result?;
+    m.counters = *engine.counters();
+    m.records = engine.served().iter().map(|s| s.rec.clone()).collect();
+    m.done = engine.served().iter().map(|s| s.done).collect();
+    Ok(m)
+}
+
+/// Hand `a` to its thread; returns the completions it will report.
+fn dispatch(
+    a: &Action,
+    compute: &[Sender<Step>],
+    nics: &[Sender<NicJob>],
+    router: &Sender<(u32, u64)>,
+) -> Result<usize, BackendError> {
+    let gone = |what: &str| BackendError::Thread(format!("{what} thread is gone"));
+    let to_nic = |w: WorkerId, job: NicJob| {
+        nics.get(w as usize)
+            .ok_or_else(|| gone("nic"))?
+            .send(job)
+            .map_err(|_| gone("nic"))
+    };
+    let to_worker = |w: WorkerId, step: Step| {
+        compute
+            .get(w as usize)
+            .ok_or_else(|| gone("worker"))?
+            .send(step)
+            .map_err(|_| gone("worker"))
+    };
+    Ok(match a {
+        Action::Fingerprint { job, pixel_bytes } => {
+            router
+                .send((*job, *pixel_bytes))
+                .map_err(|_| gone("router"))?;
+            1
+        }
+        Action::Encode { worker, tokens } => {
+            to_worker(*worker, Step::Encode(tokens.clone()))?;
+            1
+        }
+        Action::Prefill { worker, chunks } => {
+            to_worker(*worker, Step::Prefill(chunks.clone()))?;
+            1
+        }
+        Action::Decode {
+            worker,
+            batch,
+            ctx_sum,
+            extra,
+        } => {
+            to_worker(
+                *worker,
+                Step::Decode {
+                    batch: *batch,
+                    ctx_sum: *ctx_sum,
+                    extra: extra.clone(),
+                },
+            )?;
+            1
+        }
+        Action::Transfer {
+            from,
+            flow,
+            bytes,
+            done,
+            ..
+        } => {
+            to_nic(
+                *from,
+                NicJob {
+                    xfers: vec![(*flow, *bytes)],
+                    done: *done,
+                },
+            )?;
+            usize::from(done.is_some())
+        }
+        Action::PutBlocks {
+            from,
+            bytes_each,
+            count,
+        } => {
+            to_nic(
+                *from,
+                NicJob {
+                    xfers: vec![(Flow::KvPut, *bytes_each); *count as usize],
+                    done: None,
+                },
+            )?;
+            0
+        }
+        Action::Load {
+            job,
+            worker,
+            embed_bytes,
+            kv_bytes,
+        } => {
+            let xfers = [(Flow::Get, *embed_bytes), (Flow::KvGet, *kv_bytes)]
+                .into_iter()
+                .filter(|&(_, b)| b > 0)
+                .collect();
+            to_nic(
+                *worker,
+                NicJob {
+                    xfers,
+                    done: Some(Done::Loaded(*job)),
+                },
+            )?;
+            1
+        }
+        Action::EncodeAvoided { .. } => 0,
+    })
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, BackendError> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(f)
+        .map_err(|e| BackendError::Thread(e.to_string()))
+}
+
+fn compute_thread(
+    w: WorkerId,
+    steps: Receiver<Step>,
+    exec: Arc<dyn Executor>,
+    events: Sender<Event>,
+    start: Instant,
+) {
+    for step in steps {
+        let t0 = Instant::now();
+        let r = exec.run(w, &step);
+        let measured_ns = t0.elapsed().as_nanos() as u64;
+        let ev = match r {
+            Ok(()) => Event::Done(
+                Some(Done::Step(w)),
+                Timed {
+                    worker: w,
+                    what: Work::Step(step),
+                    start_ns: t0.duration_since(start).as_nanos() as u64,
+                    measured_ns,
+                },
+            ),
+            Err(source) => Event::Failed(BackendError::Exec { worker: w, source }),
+        };
+        if events.send(ev).is_err() {
+            return;
+        }
+    }
+}
+
+fn nic_thread(
+    w: WorkerId,
+    mut nic: Nic,
+    jobs: Receiver<NicJob>,
+    events: Sender<Event>,
+    start: Instant,
+) {
+    for job in jobs {
+        let n = job.xfers.len();
+        for (k, (flow, bytes)) in job.xfers.into_iter().enumerate() {
+            let t0 = Instant::now();
+            if let Err(source) = nic.send(bytes) {
+                let _ = events.send(Event::Failed(BackendError::Link { worker: w, source }));
+                return;
+            }
+            let timed = Timed {
+                worker: w,
+                what: Work::Transfer { flow, bytes },
+                start_ns: t0.duration_since(start).as_nanos() as u64,
+                measured_ns: t0.elapsed().as_nanos() as u64,
+            };
+            // The job's completion rides on its last transfer.
+            let done = if k + 1 == n { job.done } else { None };
+            if events.send(Event::Done(done, timed)).is_err() {
+                return;
+            }
+        }
+        if n == 0 {
+            if let Some(d) = job.done {
+                let timed = Timed {
+                    worker: w,
+                    what: Work::Transfer {
+                        flow: Flow::Get,
+                        bytes: 0,
+                    },
+                    start_ns: start.elapsed().as_nanos() as u64,
+                    measured_ns: 0,
+                };
+                if events.send(Event::Done(Some(d), timed)).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn router_thread(
+    jobs: Receiver<(u32, u64)>,
+    exec: Arc<dyn Executor>,
+    events: Sender<Event>,
+    start: Instant,
+) {
+    for (job, bytes) in jobs {
+        let t0 = Instant::now();
+        let ev = match exec.fingerprint(bytes) {
+            Ok(()) => Event::Done(
+                Some(Done::Fingerprinted(job)),
+                Timed {
+                    worker: u32::MAX,
+                    what: Work::Fingerprint { bytes },
+                    start_ns: t0.duration_since(start).as_nanos() as u64,
+                    measured_ns: t0.elapsed().as_nanos() as u64,
+                },
+            ),
+            Err(source) => Event::Failed(BackendError::Exec {
+                worker: u32::MAX,
+                source,
+            }),
+        };
+        if events.send(ev).is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,136 @@
+//! The driver on toy traces: every request finishes, the input log replays to the same
+//! action log, and faults stop the run with a clear error instead of hanging.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use moonagent_core::serve::toy::{replay_inputs, toy_config, toy_trace, ToyPricing};
+use moonagent_core::serve::{Engine, Mode, Payloads, WorkerId};
+use moonagent_core::store::{MemStore, MemStoreConfig};
+
+use super::{run, BackendError, ExecError, Executor, RunOptions, Step};
+
+/// Busy-waits a few microseconds per unit of work, or fails / hangs when told to.
+struct Spin {
+    fail: bool,
+    hang: AtomicBool,
+}
+
+impl Spin {
+    fn new() -> Self {
+        Self {
+            fail: false,
+            hang: AtomicBool::new(false),
+        }
+    }
+}
+
+fn spin(us: u64) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_micros(us) {
+        std::hint::spin_loop();
+    }
+}
+
+impl Executor for Spin {
+    fn run(&self, _w: WorkerId, step: &Step) -> Result<(), ExecError> {
+        if self.fail {
+            return Err(ExecError {
+                what: "injected failure".into(),
+            });
+        }
+        if self.hang.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        spin(match step {
+            Step::Encode(t) => 5 + t.len() as u64,
+            Step::Prefill(c) => 5 + c.len() as u64,
+            Step::Decode { batch, .. } => 5 + u64::from(*batch),
+        });
+        Ok(())
+    }
+    fn fingerprint(&self, _bytes: u64) -> Result<(), ExecError> {
+        spin(2);
+        Ok(())
+    }
+}
+
+fn store() -> MemStore<String> {
+    MemStore::new(MemStoreConfig::with_capacity(256 << 20)).unwrap()
+}
+
+#[test]
+fn every_request_finishes_and_the_input_log_replays_to_the_same_actions() {
+    let trace = toy_trace(5, 30, 16);
+    let arrivals: Vec<u64> = (0..trace.len() as u64).map(|i| i * 200_000).collect();
+    for mode in Mode::ALL {
+        let cfg = toy_config(mode, Payloads::Bytes);
+        let mut e = Engine::new(cfg.clone(), store(), &trace, Some(Box::new(ToyPricing))).unwrap();
+        let m = run(
+            &mut e,
+            &arrivals,
+            Arc::new(Spin::new()),
+            RunOptions::default(),
+        )
+        .unwrap();
+        assert!(
+            m.done.iter().all(|&d| d),
+            "{mode:?}: not every request finished"
+        );
+        assert_eq!(m.records.len(), trace.len());
+        assert!(m.actions.len() > trace.len(), "{mode:?}: too few actions");
+        // Times are the driver's, monotone.
+        assert!(m.inputs.windows(2).all(|w| w[0].0 <= w[1].0));
+        let mut fresh = Engine::new(cfg, store(), &trace, Some(Box::new(ToyPricing))).unwrap();
+        let replayed = replay_inputs(&mut fresh, &m.inputs).unwrap();
+        assert_eq!(replayed, m.actions, "{mode:?}: replay decided differently");
+        assert!(m.timed.len() >= m.inputs.len() - trace.len());
+    }
+}
+
+#[test]
+fn a_failing_worker_stops_the_run_with_its_error() {
+    let trace = toy_trace(6, 10, 16);
+    let arrivals = vec![0; trace.len()];
+    let mut e = Engine::new(
+        toy_config(Mode::B1, Payloads::SizeOnly),
+        store(),
+        &trace,
+        None,
+    )
+    .unwrap();
+    let exec = Spin {
+        fail: true,
+        hang: AtomicBool::new(false),
+    };
+    let err = run(&mut e, &arrivals, Arc::new(exec), RunOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, BackendError::Exec { .. }),
+        "expected a worker error, got {err}"
+    );
+    assert!(err.to_string().contains("injected failure"), "{err}");
+}
+
+#[test]
+fn a_hanging_worker_is_reported_as_a_stall_within_the_timeout() {
+    let trace = toy_trace(7, 5, 16);
+    let arrivals = vec![0; trace.len()];
+    let mut e = Engine::new(
+        toy_config(Mode::B0, Payloads::SizeOnly),
+        store(),
+        &trace,
+        None,
+    )
+    .unwrap();
+    let exec = Spin::new();
+    exec.hang.store(true, Ordering::Relaxed);
+    let t = Instant::now();
+    let opts = RunOptions {
+        stall_timeout: Duration::from_millis(300),
+    };
+    let err = run(&mut e, &arrivals, Arc::new(exec), opts).unwrap_err();
+    assert!(matches!(err, BackendError::Stalled { .. }), "{err}");
+    // Reported after the stall timeout, without waiting for the hung step (3 s).
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
