@@ -34,6 +34,20 @@ pub(crate) fn by_name<T>(
     }
 }
 
+/// `name_or_path` as a file when it names one (it contains a path separator or ends in
+/// `.toml`), else as a built-in name.
+pub(crate) fn resolve<T>(
+    name_or_path: &str,
+    by_name: impl Fn(&str) -> Result<T, ModelError>,
+    parse: impl Fn(&str, &str) -> Result<T, ModelError>,
+) -> Result<T, ModelError> {
+    if name_or_path.contains(std::path::MAIN_SEPARATOR) || name_or_path.ends_with(".toml") {
+        from_path(Path::new(name_or_path), parse)
+    } else {
+        by_name(name_or_path)
+    }
+}
+
 /// Read `path` and parse it with `parse`, naming the file in errors.
 pub(crate) fn from_path<T>(
     path: &Path,

@@ -267,6 +267,13 @@ impl HardwareProfile {
         )
     }
 
+    /// A built-in profile by name, or a profile file (a path, or a name ending in
+    /// `.toml`): what `--hardware` and the simulator's `hardware` field accept, so a
+    /// profile fitted by `moonagent validate profile` is used like a built-in one.
+    pub fn resolve(name_or_path: &str) -> Result<Self, ModelError> {
+        catalog::resolve(name_or_path, Self::by_name, Self::from_toml_str)
+    }
+
     /// Every built-in profile, in the order of [`HardwareProfile::builtin_names`].
     pub fn builtins() -> Result<Vec<Self>, ModelError> {
         Self::builtin_names().map(Self::by_name).collect()

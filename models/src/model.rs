@@ -143,6 +143,11 @@ impl ModelSpec {
         catalog::by_name(&BUILTIN, "data/models", "model", name, Self::from_toml_str)
     }
 
+    /// A built-in spec by name, or a spec file (a path, or a name ending in `.toml`).
+    pub fn resolve(name_or_path: &str) -> Result<Self, ModelError> {
+        catalog::resolve(name_or_path, Self::by_name, Self::from_toml_str)
+    }
+
     /// Every built-in spec, in the order of [`ModelSpec::builtin_names`].
     pub fn builtins() -> Result<Vec<Self>, ModelError> {
         Self::builtin_names().map(Self::by_name).collect()

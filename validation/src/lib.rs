@@ -6,4 +6,7 @@
 //! same core code on a real store as on the embedded `MemStore`.
 
 pub mod backend;
+pub mod compare;
+pub mod measure;
+pub mod profile;
 pub mod mooncake;

@@ -17,7 +17,7 @@ use moonagent_traces::schema::Request;
 
 use super::config::SimConfig;
 use super::engine::{EventQueue, Time};
-use super::metrics::{Percentiles, RequestRecord, Summary, NONE};
+use super::metrics::{RequestRecord, Summary};
 use super::SimError;
 
 // Kind priorities at equal times: a worker's step first, then arrivals of data, then
@@ -120,8 +120,8 @@ impl<'a> Simulation<'a> {
     pub fn new(cfg: &SimConfig, trace: &'a [Request], block_size: u32) -> Result<Self, SimError> {
         cfg.validate()?;
         let hw =
-            HardwareProfile::by_name(&cfg.hardware).map_err(|e| SimError::Models("hardware", e))?;
-        let spec = ModelSpec::by_name(&cfg.model).map_err(|e| SimError::Models("model", e))?;
+            HardwareProfile::resolve(&cfg.hardware).map_err(|e| SimError::Models("hardware", e))?;
+        let spec = ModelSpec::resolve(&cfg.model).map_err(|e| SimError::Models("model", e))?;
         let cost =
             CostModel::new(&hw, &spec, cfg.tp).map_err(|e| SimError::Models("cost model", e))?;
         let kind: LinkKind = serde_json::from_value(serde_json::Value::String(cfg.link.clone()))
@@ -296,74 +296,24 @@ impl<'a> Simulation<'a> {
             .sum();
         let events = self.q.popped();
         let (served, c, cache) = self.engine.into_served();
-        let mut s = Summary {
-            mode: self.cfg.mode.name().into(),
-            injected: self.trace.len() as u64,
-            events,
-            events_by_kind: self.events_by_kind,
-            kv_pages_in_use,
-            dropped: (self.trace.len() - arrived) as u64,
-            images_encoded: c.images_encoded,
-            images_hit: c.images_hit,
-            images_dedup: c.images_dedup,
-            forks: c.forks,
-            fork_prefill_tokens_avoided: c.fork_prefill_tokens_avoided,
-            fork_pages_shared: c.fork_pages_shared,
-            fork_copy_bytes: c.fork_copy_bytes,
-            preemptions: c.preemptions,
-            link_bytes: c.link_bytes,
-            ..Summary::default()
-        };
-        let mut ttft = Vec::new();
-        let mut tpot = Vec::new();
-        let mut e2e = Vec::new();
-        let mut good = 0u64;
-        let mut tokens = 0u64;
-        for t in &served {
-            if t.done {
-                s.completed += 1;
-                s.makespan_ns = s.makespan_ns.max(t.rec.finish_ns);
-                ttft.push(t.rec.ttft_ns());
-                tpot.push(t.rec.tpot_ns());
-                e2e.push(t.rec.e2e_ns());
-                tokens += t.rec.output_tokens;
-                if (t.rec.ttft_ns() as f64) <= s_ms(self.cfg.slo.ttft_ms)
-                    && (t.rec.tpot_ns() as f64) <= s_ms(self.cfg.slo.tpot_ms)
-                {
-                    good += 1;
-                }
-            } else if t.rec.first_token_ns != NONE {
-                s.running += 1;
-            } else {
-                s.queued += 1;
-            }
-        }
-        let span = s.makespan_ns.max(1) as f64 / 1e9;
-        s.throughput_rps = s.completed as f64 / span;
-        s.token_throughput = tokens as f64 / span;
-        s.goodput_rps = good as f64 / span;
-        s.ttft_ms = Percentiles::of_ns(ttft);
-        s.tpot_ms = Percentiles::of_ns(tpot);
-        s.e2e_ms = Percentiles::of_ns(e2e);
+        let done: Vec<bool> = served.iter().map(|t| t.done).collect();
+        let recs: Vec<RequestRecord> = served.into_iter().map(|t| t.rec).collect();
+        let mut s = Summary::of_run(
+            self.cfg.mode,
+            &self.cfg.slo,
+            &recs,
+            &done,
+            &c,
+            cache.counters().readbacks,
+        );
+        s.dropped = (self.trace.len() - arrived) as u64;
+        s.events = events;
+        s.events_by_kind = self.events_by_kind;
+        s.kv_pages_in_use = kv_pages_in_use;
         s.encoder_gpu_s = self.encoder_gpu_ns as f64 / 1e9;
         s.encoder_gpu_s_saved = self.encoder_saved_ns as f64 / 1e9;
-        s.image_hit_rate = if c.image_refs == 0 {
-            0.0
-        } else {
-            s.images_hit as f64 / c.image_refs as f64
-        };
-        s.cache_readbacks = cache.counters().readbacks;
-        s.kv_block_hit_rate = if c.kv_lookups == 0 {
-            0.0
-        } else {
-            c.kv_hits as f64 / c.kv_lookups as f64
-        };
-        (s, served.into_iter().map(|t| t.rec).collect())
+        (s, recs)
     }
-}
-
-fn s_ms(ms: f64) -> f64 {
-    ms * 1e6
 }
 
 /// Simulate `trace` under `cfg`.

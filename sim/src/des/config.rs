@@ -32,9 +32,10 @@ impl Default for Slo {
 pub struct SimConfig {
     /// Ladder mode.
     pub mode: Mode,
-    /// Hardware profile name (`h200`, `b200`, `h100`, `cpu`) from moonagent-models.
+    /// Hardware profile: a built-in name (`h200`, `b200`, `h100`, `cpu`) or a profile
+    /// file (a path, or a name ending in `.toml`), e.g. one `moonagent validate profile` fitted.
     pub hardware: String,
-    /// Model spec name (`qwen2.5-vl-7b`, ...) from moonagent-models.
+    /// Model spec: a built-in name (`qwen2.5-vl-7b`, ...) or a spec file.
     pub model: String,
     /// Tensor-parallel degree of every instance.
     pub tp: u32,

@@ -104,6 +104,77 @@ pub struct Summary {
     pub link_bytes: [u64; 3],
 }
 
+impl Summary {
+    /// What every driver of the engine reports the same way (the simulator in virtual
+    /// time, the real backend in wall time): completions, makespan, throughput, latency
+    /// percentiles, goodput under `slo`, hit rates and the engine's counters, from the
+    /// per-request records (`done[i]`: request `i` finished) and counters. Driver-specific
+    /// fields (events, encoder GPU time, pages in use, dropped) are left at zero.
+    pub fn of_run(
+        mode: super::Mode,
+        slo: &super::config::Slo,
+        recs: &[RequestRecord],
+        done: &[bool],
+        c: &moonagent_core::serve::Counters,
+        cache_readbacks: u64,
+    ) -> Self {
+        let mut s = Summary {
+            mode: mode.name().into(),
+            injected: recs.len() as u64,
+            images_encoded: c.images_encoded,
+            images_hit: c.images_hit,
+            images_dedup: c.images_dedup,
+            forks: c.forks,
+            fork_prefill_tokens_avoided: c.fork_prefill_tokens_avoided,
+            fork_pages_shared: c.fork_pages_shared,
+            fork_copy_bytes: c.fork_copy_bytes,
+            preemptions: c.preemptions,
+            link_bytes: c.link_bytes,
+            cache_readbacks,
+            ..Summary::default()
+        };
+        let (mut ttft, mut tpot, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut good, mut tokens) = (0u64, 0u64);
+        for (r, &fin) in recs.iter().zip(done) {
+            if fin {
+                s.completed += 1;
+                s.makespan_ns = s.makespan_ns.max(r.finish_ns);
+                ttft.push(r.ttft_ns());
+                tpot.push(r.tpot_ns());
+                e2e.push(r.e2e_ns());
+                tokens += r.output_tokens;
+                if (r.ttft_ns() as f64) <= slo.ttft_ms * 1e6
+                    && (r.tpot_ns() as f64) <= slo.tpot_ms * 1e6
+                {
+                    good += 1;
+                }
+            } else if r.first_token_ns != NONE {
+                s.running += 1;
+            } else {
+                s.queued += 1;
+            }
+        }
+        let span = s.makespan_ns.max(1) as f64 / 1e9;
+        s.throughput_rps = s.completed as f64 / span;
+        s.token_throughput = tokens as f64 / span;
+        s.goodput_rps = good as f64 / span;
+        s.ttft_ms = Percentiles::of_ns(ttft);
+        s.tpot_ms = Percentiles::of_ns(tpot);
+        s.e2e_ms = Percentiles::of_ns(e2e);
+        s.image_hit_rate = if c.image_refs == 0 {
+            0.0
+        } else {
+            s.images_hit as f64 / c.image_refs as f64
+        };
+        s.kv_block_hit_rate = if c.kv_lookups == 0 {
+            0.0
+        } else {
+            c.kv_hits as f64 / c.kv_lookups as f64
+        };
+        s
+    }
+}
+
 /// Per-request records as a table (one row per top-level request, times in ns).
 pub fn records_table(recs: &[RequestRecord]) -> crate::table::Table {
     use crate::table::{Column, Table};

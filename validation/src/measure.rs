@@ -1,0 +1,193 @@
+//! Measured runs: a trace on the real backend under a simulator configuration, and the
+//! files they leave (the same per-request table as the simulator's, the engine's input and
+//! action logs, every timed unit of work).
+//!
+//! The backend's engine is built exactly as the simulator builds its own
+//! ([`moonagent_sim::des::cluster::engine_config`], the same `SimConfig`, model spec and
+//! hardware profile), except that payloads are real bytes. Three-point scheduling prices
+//! workers with the profile given (a fitted one, after `moonagent validate profile`).
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use moonagent_core::serve::toy::{replay_inputs, Input};
+use moonagent_core::serve::{Action, Engine, Payloads};
+use moonagent_core::store::{MemStore, Store, StoreKey};
+use moonagent_models::{CostModel, HardwareProfile, LinkKind, ModelSpec};
+use moonagent_sim::des::cluster::{engine_config, CostPricing};
+use moonagent_sim::des::metrics::records_table;
+use moonagent_sim::des::{SimConfig, SimError, Summary};
+use moonagent_traces::schema::Request;
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{self, BackendError, Executor, Measured, RunOptions};
+
+/// Why a measured run could not be set up, run or written.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    /// The configuration, model or profile is unusable.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    /// The run stopped.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A result file could not be written or read.
+    #[error("{path}: {what}")]
+    File {
+        /// The file.
+        path: String,
+        /// Why.
+        what: String,
+    },
+    /// The input log did not replay to the run's action log.
+    #[error("the input log replays to different decisions: {0}")]
+    Diverged(String),
+}
+
+/// A measured run's summary: the simulator's summary fields, measured, plus the wall time
+/// and the same-decisions check.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// The simulator's summary fields, computed from measured records.
+    pub summary: Summary,
+    /// Wall time of the run, s.
+    pub wall_s: f64,
+    /// Actions the engine decided.
+    pub actions: u64,
+    /// The input log replayed through a fresh engine gave the same action log.
+    pub same_decisions: bool,
+}
+
+/// The model, profile and pricing of `cfg`.
+pub fn models_of(cfg: &SimConfig) -> Result<(HardwareProfile, ModelSpec, CostPricing), SimError> {
+    let hw = HardwareProfile::resolve(&cfg.hardware).map_err(|e| SimError::Models("hardware", e))?;
+    let spec = ModelSpec::resolve(&cfg.model).map_err(|e| SimError::Models("model", e))?;
+    let cost = CostModel::new(&hw, &spec, cfg.tp).map_err(|e| SimError::Models("cost model", e))?;
+    let kind: LinkKind = serde_json::from_value(serde_json::Value::String(cfg.link.clone()))
+        .map_err(|_| SimError::Config {
+            field: "link",
+            what: format!("expected nvlink, rdma, tcp or pcie, got {:?}", cfg.link),
+        })?;
+    let link = *hw.link(kind).map_err(|e| SimError::Models("link", e))?;
+    Ok((hw, spec, CostPricing { cost, link }))
+}
+
+/// A fresh engine for `cfg` over `trace` on `store`, with real payloads.
+pub fn engine<'a, S: Store>(
+    cfg: &SimConfig,
+    trace: &'a [Request],
+    block_size: u32,
+    store: S,
+) -> Result<Engine<'a, S, Request>, SimError> {
+    cfg.validate()?;
+    let (hw, spec, pricing) = models_of(cfg)?;
+    let mut ecfg = engine_config(cfg, &pricing.cost, &hw, &spec, block_size)?;
+    ecfg.payloads = Payloads::Bytes;
+    Ok(Engine::new(ecfg, store, trace, Some(Box::new(pricing)))?)
+}
+
+/// The embedded store `cfg` describes.
+pub fn mem_store(cfg: &SimConfig) -> Result<MemStore<StoreKey>, SimError> {
+    MemStore::with_policy(cfg.store.clone(), &cfg.policy).map_err(SimError::Policy)
+}
+
+/// Run `trace` on the backend under `cfg` with `store`; request `i` arrives at its trace
+/// time divided by `speedup`. Checks that the input log replays (through a fresh engine on
+/// a fresh embedded store) to the run's action log.
+pub fn run_trace<S: Store>(
+    cfg: &SimConfig,
+    trace: &[Request],
+    block_size: u32,
+    store: S,
+    exec: Arc<dyn Executor>,
+    speedup: f64,
+    opts: RunOptions,
+) -> Result<(Measured, RunSummary), MeasureError> {
+    let mut e = engine(cfg, trace, block_size, store)?;
+    let arrivals: Vec<u64> = trace
+        .iter()
+        .map(|r| (r.arrival_ns as f64 / speedup.max(1e-9)) as u64)
+        .collect();
+    let m = backend::run(&mut e, &arrivals, exec, opts)?;
+    let readbacks = e.cache().counters().readbacks;
+    drop(e);
+    let mut fresh = engine(cfg, trace, block_size, mem_store(cfg)?)?;
+    let replayed = replay_inputs(&mut fresh, &m.inputs).map_err(SimError::Serve)?;
+    let same = first_difference(&replayed, &m.actions);
+    if let Some(d) = &same {
+        return Err(MeasureError::Diverged(d.clone()));
+    }
+    let summary = RunSummary {
+        summary: Summary::of_run(cfg.mode, &cfg.slo, &m.records, &m.done, &m.counters, readbacks),
+        wall_s: m.wall_ns as f64 / 1e9,
+        actions: m.actions.len() as u64,
+        same_decisions: same.is_none(),
+    };
+    Ok((m, summary))
+}
+
+/// Where two action logs first differ, if they do.
+pub fn first_difference(a: &[(u64, Action)], b: &[(u64, Action)]) -> Option<String> {
+    if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
+        return Some(format!("action {i}: {:?} vs {:?}", a[i], b[i]));
+    }
+    (a.len() != b.len()).then(|| format!("{} vs {} actions", a.len(), b.len()))
+}
+
+/// Write a run's files into `dir`: `requests.parquet` (the simulator's per-request
+/// columns), `inputs.jsonl` and `actions.jsonl` (`[t_ns, ...]` per line), `timed.jsonl`
+/// (every unit of work the threads timed) and `summary.json`.
+pub fn write_run(dir: &Path, m: &Measured, s: &RunSummary) -> Result<(), MeasureError> {
+    let err = |path: &Path| {
+        let path = path.display().to_string();
+        move |e: &dyn std::fmt::Display| MeasureError::File {
+            path: path.clone(),
+            what: format!("writing: {e}"),
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(|e| err(dir)(&e))?;
+    let p = dir.join("requests.parquet");
+    records_table(&m.records)
+        .write_parquet(&p)
+        .map_err(|e| err(&p)(&e))?;
+    write_lines(&dir.join("inputs.jsonl"), &m.inputs)?;
+    write_lines(&dir.join("actions.jsonl"), &m.actions)?;
+    write_lines(&dir.join("timed.jsonl"), &m.timed)?;
+    let p = dir.join("summary.json");
+    let text = serde_json::to_string_pretty(s).map_err(|e| err(&p)(&e))?;
+    std::fs::write(&p, text).map_err(|e| err(&p)(&e))?;
+    Ok(())
+}
+
+fn write_lines<T: Serialize>(path: &Path, rows: &[T]) -> Result<(), MeasureError> {
+    let werr = |e: &dyn std::fmt::Display| MeasureError::File {
+        path: path.display().to_string(),
+        what: format!("writing: {e}"),
+    };
+    let f = std::fs::File::create(path).map_err(|e| werr(&e))?;
+    let mut w = std::io::BufWriter::new(f);
+    for r in rows {
+        serde_json::to_writer(&mut w, r).map_err(|e| werr(&e))?;
+        w.write_all(b"\n").map_err(|e| werr(&e))?;
+    }
+    w.flush().map_err(|e| werr(&e))
+}
+
+/// Read an input log written by [`write_run`].
+pub fn read_inputs(path: &Path) -> Result<Vec<(u64, Input)>, MeasureError> {
+    let text = std::fs::read_to_string(path).map_err(|e| MeasureError::File {
+        path: path.display().to_string(),
+        what: format!("reading: {e}"),
+    })?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| MeasureError::File {
+                path: format!("{}:{}", path.display(), i + 1),
+                what: format!("expected [t_ns, input]: {e}"),
+            })
+        })
+        .collect()
+}
