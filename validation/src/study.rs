@@ -1,0 +1,344 @@
+//! The whole cross-validation in one call (`moonagent validate all`): profile the
+//! operators, fit, generate a trace the fit never saw, run it on the backend at two loads
+//! (light, and ~70% of capacity) with repeats, simulate each run with the fitted profile
+//! and compare request by request.
+//!
+//! Capacity is the simulator's saturated throughput with the fitted profile (every request
+//! arriving at once); it only chooses the operating points, it is not an expectation.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use moonagent_core::serve::Mode;
+use moonagent_core::store::{MemStoreConfig, SEC};
+use moonagent_models::{HardwareProfile, ModelSpec};
+use moonagent_sim::des::{simulate, SimConfig};
+use moonagent_traces::gen::workloads::{WorkloadConfig, WorkloadGen};
+use moonagent_traces::schema::Request;
+use serde::Serialize;
+
+use crate::backend::{Executor, RunOptions};
+use crate::compare::{compare, Comparison};
+use crate::measure::{mem_store, run_trace, write_run, MeasureError, RunSummary};
+use crate::profile::{self, Grid, Profile};
+
+/// The cluster the CPU backend runs: one encoder, one prefill and one decode worker (B0:
+/// one colocated worker), the scaled model, loopback TCP.
+pub fn cpu_config(mode: Mode) -> SimConfig {
+    SimConfig {
+        mode,
+        hardware: "cpu".into(),
+        model: "qwen2.5-vl-tiny".into(),
+        tp: 1,
+        gpus: 3,
+        encoders: 1,
+        prefills: 1,
+        decodes: 1,
+        link: "tcp".into(),
+        encoder_max_batch_tokens: 1024,
+        prefill_chunk_tokens: 512,
+        decode_max_batch: 16,
+        kv_block_tokens: 16,
+        kv_mem_fraction: 0.0005,
+        kv_prefix_store: true,
+        store: MemStoreConfig {
+            capacity_bytes: 1 << 30,
+            kv_lease_ttl_ns: 10 * SEC,
+            ..MemStoreConfig::default()
+        },
+        ..SimConfig::default()
+    }
+}
+
+/// The validation workload: W3's shape (repeated images, a shared system prompt, some
+/// agent forks) scaled to the CPU model: one 224x224 or 448x448 image (64 or 256 visual
+/// tokens) per request, half of them repeats, 64-256 text tokens, 16-64 output tokens.
+pub fn workload(requests: u64, rate: f64) -> WorkloadConfig {
+    WorkloadConfig {
+        requests,
+        rate,
+        images_min: 1,
+        images_max: 1,
+        repeat_rate: 0.5,
+        repeat_pool: 32,
+        branches_min: 1,
+        branches_max: 2,
+        image_sizes: vec![[224, 224], [448, 448]],
+        text_tokens_min: 64,
+        text_tokens_max: 256,
+        output_tokens_min: 16,
+        output_tokens_max: 64,
+        branch_output_tokens_min: 16,
+        branch_output_tokens_max: 32,
+        system_prompt_tokens: 128,
+        tenants: 1,
+        block_size_tokens: 64,
+    }
+}
+
+/// A generated trace and its block size.
+pub fn generate(requests: u64, rate: f64, seed: u64) -> Result<(Vec<Request>, u32), MeasureError> {
+    let gen = WorkloadGen::new("validate", workload(requests, rate), seed).map_err(|e| {
+        MeasureError::File {
+            path: "validation workload".into(),
+            what: e.to_string(),
+        }
+    })?;
+    let bs = gen.header().block_size_tokens;
+    Ok((gen.collect(), bs))
+}
+
+/// What `validate all` does.
+#[derive(Debug, Clone)]
+pub struct StudyConfig {
+    /// Modes run on the backend.
+    pub modes: Vec<Mode>,
+    /// Requests per run.
+    pub requests: u64,
+    /// Runs per (mode, load).
+    pub repeats: u32,
+    /// Loads as fractions of the simulated capacity.
+    pub loads: Vec<f64>,
+    /// Trace seed (the profile grid never sees this trace).
+    pub seed: u64,
+    /// The profile's design grid.
+    pub grid: Grid,
+    /// Hold-out shapes for the profile's error.
+    pub holdout: usize,
+}
+
+impl Default for StudyConfig {
+    fn default() -> Self {
+        Self {
+            modes: vec![Mode::B0, Mode::B3],
+            requests: 200,
+            repeats: 3,
+            loads: vec![0.2, 0.7],
+            seed: 17,
+            grid: Grid::cpu_default(),
+            holdout: 8,
+        }
+    }
+}
+
+/// One measured run, compared.
+#[derive(Debug, Clone, Serialize)]
+pub struct StudyRun {
+    /// Mode.
+    pub mode: String,
+    /// Load as a fraction of the simulated capacity.
+    pub load: f64,
+    /// Offered rate, requests per second.
+    pub rate: f64,
+    /// Repeat index.
+    pub repeat: u32,
+    /// The run's summary.
+    pub run: RunSummary,
+    /// Simulated against measured.
+    pub comparison: Comparison,
+}
+
+/// The result of `validate all`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Study {
+    /// The profile fit.
+    pub profile: Profile,
+    /// Simulated saturated throughput per mode, requests per second.
+    pub capacity_rps: Vec<(String, f64)>,
+    /// Every run.
+    pub runs: Vec<StudyRun>,
+}
+
+/// Run the study, writing every file under `out` (`profile/`, `runs/<mode>-<load>-<k>/`,
+/// `compare.*`, `report.md`). `say` is told what is happening.
+pub fn run_study(
+    cfg: &StudyConfig,
+    exec: Arc<dyn Executor>,
+    out: &Path,
+    mut say: impl FnMut(&str),
+) -> Result<Study, MeasureError> {
+    let base = cpu_config(Mode::B0);
+    let spec = ModelSpec::resolve(&base.model).map_err(|e| sim_models("model", e))?;
+    let hw0 = HardwareProfile::resolve(&base.hardware).map_err(|e| sim_models("hardware", e))?;
+    say("profiling operators (design grid)");
+    let samples = profile::measure(&cfg.grid, exec.as_ref(), |_| {}).map_err(prof)?;
+    say("profiling operators (hold-out set)");
+    let hold = profile::measure(&cfg.grid.holdout(cfg.seed, cfg.holdout), exec.as_ref(), |_| {})
+        .map_err(prof)?;
+    let fitted = profile::fit(&hw0, &spec, &samples, &hold).map_err(prof)?;
+    let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
+    let hw_arg = profile_path.display().to_string();
+    let mut capacity = Vec::new();
+    let mut runs = Vec::new();
+    for &mode in &cfg.modes {
+        let mcfg = SimConfig {
+            hardware: hw_arg.clone(),
+            ..cpu_config(mode)
+        };
+        let (sat_trace, bs) = generate(cfg.requests, 1e9, cfg.seed)?;
+        let (sat, _) = simulate(&mcfg, &sat_trace, bs)?;
+        capacity.push((mode.name().to_string(), sat.throughput_rps));
+        for &load in &cfg.loads {
+            let rate = (load * sat.throughput_rps).max(1e-3);
+            let (trace, bs) = generate(cfg.requests, rate, cfg.seed)?;
+            for k in 0..cfg.repeats {
+                say(&format!(
+                    "{} at {:.0}% of capacity ({rate:.2} req/s), run {}/{}",
+                    mode.name(),
+                    100.0 * load,
+                    k + 1,
+                    cfg.repeats
+                ));
+                let (m, s) = run_trace(
+                    &mcfg,
+                    &trace,
+                    bs,
+                    mem_store(&mcfg)?,
+                    Arc::clone(&exec),
+                    1.0,
+                    RunOptions::default(),
+                )?;
+                let dir = out
+                    .join("runs")
+                    .join(format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k));
+                write_run(&dir, &m, &s)?;
+                let c = compare(&mcfg, &trace, bs, &m.inputs, &hw_arg)?;
+                runs.push(StudyRun {
+                    mode: mode.name().into(),
+                    load,
+                    rate,
+                    repeat: k,
+                    run: s,
+                    comparison: c,
+                });
+            }
+        }
+    }
+    let study = Study {
+        profile: fitted,
+        capacity_rps: capacity,
+        runs,
+    };
+    let cs: Vec<Comparison> = study.runs.iter().map(|r| r.comparison.clone()).collect();
+    crate::compare::write(out, "simulated vs measured", &cs)?;
+    let p = out.join("report.md");
+    std::fs::write(&p, report(&study)).map_err(|e| MeasureError::File {
+        path: p.display().to_string(),
+        what: format!("writing: {e}"),
+    })?;
+    let p = out.join("study.json");
+    let text = serde_json::to_string_pretty(&study).map_err(|e| MeasureError::File {
+        path: p.display().to_string(),
+        what: e.to_string(),
+    })?;
+    std::fs::write(&p, text).map_err(|e| MeasureError::File {
+        path: p.display().to_string(),
+        what: format!("writing: {e}"),
+    })?;
+    Ok(study)
+}
+
+fn sim_models(what: &'static str, e: moonagent_models::ModelError) -> MeasureError {
+    MeasureError::Sim(moonagent_sim::des::SimError::Models(what, e))
+}
+
+fn prof(e: profile::ProfileError) -> MeasureError {
+    MeasureError::File {
+        path: "profile".into(),
+        what: e.to_string(),
+    }
+}
+
+/// Write `profile.toml` (the fitted profile), `profile.json` (fit and errors) and
+/// `samples.jsonl` / `holdout.jsonl` into `dir`; returns the profile's path.
+pub fn write_profile(
+    dir: &Path,
+    p: &Profile,
+    samples: &[moonagent_models::calibrate::Sample],
+    holdout: &[moonagent_models::calibrate::Sample],
+) -> Result<PathBuf, MeasureError> {
+    let file = |path: &Path, e: &dyn std::fmt::Display| MeasureError::File {
+        path: path.display().to_string(),
+        what: format!("writing: {e}"),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| file(dir, &e))?;
+    let toml_path = dir.join("profile.toml");
+    let text = p.hardware.to_toml_string().map_err(|e| file(&toml_path, &e))?;
+    let header = format!(
+        "# Fitted by `moonagent validate profile` for {} ({} samples); see profile.json.\n",
+        p.hardware.description,
+        samples.len()
+    );
+    std::fs::write(&toml_path, header + &text).map_err(|e| file(&toml_path, &e))?;
+    let j = dir.join("profile.json");
+    let text = serde_json::to_string_pretty(p).map_err(|e| file(&j, &e))?;
+    std::fs::write(&j, text).map_err(|e| file(&j, &e))?;
+    for (name, set) in [("samples.jsonl", samples), ("holdout.jsonl", holdout)] {
+        let path = dir.join(name);
+        let text: String = set
+            .iter()
+            .filter_map(|s| serde_json::to_string(s).ok())
+            .map(|l| l + "\n")
+            .collect();
+        std::fs::write(&path, text).map_err(|e| file(&path, &e))?;
+    }
+    Ok(toml_path)
+}
+
+/// The per-operator error table of a profile, as Markdown.
+pub fn profile_markdown(p: &Profile) -> String {
+    let mut s = String::from("| operator | fit samples | fit median abs err % | hold-out samples | hold-out median abs err % | hold-out max % | prior (base profile) median abs err % |\n|---|---|---|---|---|---|---|\n");
+    for f in &p.fit_errors {
+        let h = p.holdout_errors.iter().find(|h| h.group == f.group);
+        let pr = p.prior_errors.iter().find(|h| h.group == f.group);
+        s.push_str(&format!(
+            "| {} | {} | {:.1} | {} | {} | {} | {} |\n",
+            f.group,
+            f.samples,
+            f.median_abs_pct,
+            h.map_or(0, |h| h.samples),
+            h.map_or("-".into(), |h| format!("{:.1}", h.median_abs_pct)),
+            h.map_or("-".into(), |h| format!("{:.1}", h.max_abs_pct)),
+            pr.map_or("-".into(), |h| format!("{:.1}", h.median_abs_pct)),
+        ));
+    }
+    s
+}
+
+/// The study's report.
+pub fn report(st: &Study) -> String {
+    let mut s = String::from("# moonagent validate: simulated vs measured\n\n## Operator profile\n\n");
+    s.push_str(&profile_markdown(&st.profile));
+    s.push_str("\n## Runs\n\n| mode | load | rate req/s | run | wall s | same decisions | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in &st.runs {
+        let c = &r.comparison;
+        s.push_str(&format!(
+            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
+            r.mode,
+            100.0 * r.load,
+            r.rate,
+            r.repeat,
+            r.run.wall_s,
+            if r.run.same_decisions { "yes" } else { "NO" },
+            c.ttft.median_abs_pct,
+            c.ttft.bias_pct,
+            c.e2e.median_abs_pct,
+            c.throughput_rps.0,
+            c.throughput_rps.1,
+            100.0 * c.image_hit_rate.0,
+            100.0 * c.image_hit_rate.1,
+            100.0 * c.kv_block_hit_rate.0,
+            100.0 * c.kv_block_hit_rate.1,
+        ));
+    }
+    s.push_str("\n## Per run, every metric\n\n");
+    for r in &st.runs {
+        s.push_str(&r.comparison.markdown(&format!(
+            "{:.0}% load, run {}",
+            100.0 * r.load,
+            r.repeat
+        )));
+        s.push('\n');
+    }
+    s
+}
