@@ -6,8 +6,9 @@
 //! counts, weight bytes, KV bytes per token, encoder-output bytes per visual token) is
 //! derived from those numbers here, exactly, in integers; nothing is typed in twice.
 //!
-//! Built-in specs are embedded (`qwen2.5-vl-7b`, `qwen2.5-vl-3b`, `qwen2.5-vl-72b`); a user
-//! file loads through [`ModelSpec::from_path`].
+//! Built-in specs are embedded (`qwen2.5-vl-7b`, `qwen2.5-vl-3b`, `qwen2.5-vl-72b`, and
+//! `qwen2.5-vl-tiny`, a scaled stand-in with no checkpoint for validating the simulator on
+//! CPU); a user file loads through [`ModelSpec::from_path`].
 
 use std::path::Path;
 
@@ -17,7 +18,7 @@ use crate::catalog;
 use crate::error::{check_nonzero, FieldError, ModelError};
 
 /// Built-in specs: (name, file under `data/models/`, text).
-const BUILTIN: [(&str, &str, &str); 3] = [
+const BUILTIN: [(&str, &str, &str); 4] = [
     (
         "qwen2.5-vl-7b",
         "qwen2.5-vl-7b.toml",
@@ -32,6 +33,11 @@ const BUILTIN: [(&str, &str, &str); 3] = [
         "qwen2.5-vl-72b",
         "qwen2.5-vl-72b.toml",
         include_str!("../data/models/qwen2.5-vl-72b.toml"),
+    ),
+    (
+        "qwen2.5-vl-tiny",
+        "qwen2.5-vl-tiny.toml",
+        include_str!("../data/models/qwen2.5-vl-tiny.toml"),
     ),
 ];
 
