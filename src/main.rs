@@ -30,6 +30,8 @@ enum Command {
     Repro(cmd::repro::ReproArgs),
     /// Parameter sweeps over the simulator or the replay: run, resume, merge shards, Pareto.
     Sweep(cmd::sweep::SweepArgs),
+    /// The real backend: profile operators, run traces, compare with the simulator.
+    Validate(cmd::validate::ValidateArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,6 +43,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Replay(args)) => cmd::replay::run(args),
         Some(Command::Repro(args)) => cmd::repro::run(args),
         Some(Command::Sweep(args)) => cmd::sweep::run(args),
+        Some(Command::Validate(args)) => cmd::validate::run(args),
         // The main job: the simulator's embedded default.
         None => cmd::simulate::run(cmd::simulate::SimulateArgs::default()),
     }

@@ -7,3 +7,4 @@ pub mod simulate;
 pub mod sweep;
 pub mod trace;
 pub mod util;
+pub mod validate;

@@ -71,6 +71,18 @@ impl Grid {
         }
     }
 
+    /// A small grid for tests: the corners of each operator's range, three repeats.
+    pub fn quick() -> Self {
+        Grid {
+            encode: vec![vec![64], vec![256], vec![64, 64]],
+            prefill: vec![(32, 0), (256, 0), (64, 256), (256, 512)],
+            decode: vec![(1, 128), (16, 128), (1, 1024), (16, 1024)],
+            transfer: vec![64 << 10, 1 << 20, 4 << 20],
+            fingerprint: vec![256 << 10, 4 << 20],
+            repeats: 3,
+        }
+    }
+
     /// A seeded random set of shapes inside this grid's range (the hold-out set).
     pub fn holdout(&self, seed: u64, n: usize) -> Self {
         let mut r = Rng::stream(seed, "validate-profile-holdout");

@@ -1,0 +1,309 @@
+//! `moonagent validate`: the real backend. Profile the operators and fit a hardware
+//! profile, run a trace on the backend, compare the simulator with a measured run, or all
+//! of it in one command.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use moonagent_core::serve::Mode;
+use moonagent_models::{HardwareProfile, ModelSpec};
+use moonagent_sim::des::SimConfig;
+use moonagent_sim::progress;
+use moonagent_traces::TraceReader;
+use moonagent_validation::backend::{Executor, RunOptions};
+use moonagent_validation::compute::CpuCompute;
+use moonagent_validation::exec::ComputeExecutor;
+use moonagent_validation::measure::{mem_store, read_inputs, run_trace, write_run};
+use moonagent_validation::mooncake::BridgeStore;
+use moonagent_validation::profile::{self, Grid};
+use moonagent_validation::study::{self, cpu_config, StudyConfig};
+
+use super::util::read_config;
+
+/// Arguments of `moonagent validate`.
+#[derive(Args, Debug)]
+pub struct ValidateArgs {
+    #[command(subcommand)]
+    what: ValidateCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum ValidateCmd {
+    /// Measure every operator the cost model prices, fit a hardware profile, judge it on
+    /// hold-out shapes.
+    Profile(ProfileArgs),
+    /// Run a trace on the real backend; write the measured per-request table and logs.
+    Run(RunArgs),
+    /// Simulate a measured run's trace with a profile and compare request by request.
+    Compare(CompareArgs),
+    /// profile -> runs at two loads (with repeats) -> compare, with a report.
+    All(AllArgs),
+}
+
+#[derive(Args, Debug)]
+struct ProfileArgs {
+    /// Write profile.toml, profile.json, samples.jsonl and holdout.jsonl here.
+    #[arg(long, default_value = "validate-profile")]
+    out: PathBuf,
+    /// Base profile whose parameters are fitted.
+    #[arg(long, default_value = "cpu")]
+    base: String,
+    /// Model spec run on the backend.
+    #[arg(long, default_value = "qwen2.5-vl-tiny")]
+    model: String,
+    /// Weight seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum StoreKind {
+    /// The embedded store.
+    Mem,
+    /// A real Mooncake Store through the bridge (`scripts/mooncake.sh up`;
+    /// `MOONAGENT_MOONCAKE_BRIDGE`).
+    Mooncake,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Trace (moonagent schema, .jsonl or .parquet).
+    #[arg(long)]
+    trace: PathBuf,
+    /// Simulator configuration (TOML or JSON SimConfig; default: the CPU validation cluster).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Mode (b0, b1, b2, b3, full), overriding the config.
+    #[arg(long)]
+    mode: Option<String>,
+    /// Hardware profile for three-point scheduling's prices (a name or a fitted profile file).
+    #[arg(long)]
+    hardware: Option<String>,
+    /// Where encoder outputs and prefix KV live.
+    #[arg(long, value_enum, default_value = "mem")]
+    store: StoreKind,
+    /// Replay arrivals this many times faster than the trace's times.
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Output folder.
+    #[arg(long, default_value = "validate-run")]
+    out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct CompareArgs {
+    /// A folder written by `moonagent validate run` (its inputs.jsonl).
+    #[arg(long)]
+    run: PathBuf,
+    /// The trace that run replayed.
+    #[arg(long)]
+    trace: PathBuf,
+    /// The run's configuration, if it was not the default.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Mode of the run, if not the config's.
+    #[arg(long)]
+    mode: Option<String>,
+    /// Hardware profile the simulator uses (a fitted profile.toml).
+    #[arg(long)]
+    hardware: String,
+    /// Output folder (compare.md, compare.json, compare.parquet).
+    #[arg(long, default_value = "validate-compare")]
+    out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct AllArgs {
+    /// Output folder.
+    #[arg(long, default_value = "validate")]
+    out: PathBuf,
+    /// Requests per run.
+    #[arg(long, default_value_t = 200)]
+    requests: u64,
+    /// Runs per mode and load.
+    #[arg(long, default_value_t = 3)]
+    repeats: u32,
+    /// Modes (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "b0,b3")]
+    modes: Vec<String>,
+    /// A short run for tests: 30 requests, one repeat, a small profile grid.
+    #[arg(long)]
+    quick: bool,
+}
+
+fn mode_of(s: &str) -> Result<Mode> {
+    serde_json::from_value(serde_json::Value::String(s.to_lowercase()))
+        .with_context(|| format!("mode {s}: expected b0, b1, b2, b3 or full"))
+}
+
+fn config(path: &Option<PathBuf>, mode: &Option<String>) -> Result<SimConfig> {
+    let mut cfg = match path {
+        Some(p) => read_config(p)?,
+        None => cpu_config(Mode::B3),
+    };
+    if let Some(m) = mode {
+        cfg.mode = mode_of(m)?;
+    }
+    Ok(cfg)
+}
+
+fn executor(cfg: &SimConfig, seed: u64) -> Result<Arc<dyn Executor>> {
+    let spec = ModelSpec::resolve(&cfg.model).map_err(|e| anyhow::anyhow!("model: {e}"))?;
+    let compute = CpuCompute::new(&spec, seed).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let workers = if cfg.mode.disaggregated() {
+        cfg.encoders + cfg.prefills + cfg.decodes
+    } else {
+        cfg.gpus / cfg.tp.max(1)
+    };
+    Ok(Arc::new(ComputeExecutor::new(compute, workers)))
+}
+
+fn read_trace(path: &PathBuf) -> Result<(Vec<moonagent_traces::schema::Request>, u32)> {
+    let reader =
+        TraceReader::open(path).with_context(|| format!("opening trace {}", path.display()))?;
+    let bs = reader.header().block_size_tokens;
+    let reqs = reader
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok((reqs, bs))
+}
+
+/// Run `moonagent validate`.
+pub fn run(args: ValidateArgs) -> Result<()> {
+    match args.what {
+        ValidateCmd::Profile(a) => profile_cmd(a),
+        ValidateCmd::Run(a) => run_cmd(a),
+        ValidateCmd::Compare(a) => compare_cmd(a),
+        ValidateCmd::All(a) => all_cmd(a),
+    }
+}
+
+fn profile_cmd(a: ProfileArgs) -> Result<()> {
+    let base = HardwareProfile::resolve(&a.base).map_err(|e| anyhow::anyhow!("--base: {e}"))?;
+    let cfg = SimConfig {
+        model: a.model.clone(),
+        ..cpu_config(Mode::B0)
+    };
+    let exec = executor(&cfg, a.seed)?;
+    let spec = ModelSpec::resolve(&a.model).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
+    let grid = Grid::cpu_default();
+    let hold = grid.holdout(a.seed ^ 0x5eed, 8);
+    let n = (grid.encode.len()
+        + grid.prefill.len()
+        + grid.decode.len()
+        + grid.transfer.len()
+        + grid.fingerprint.len()) as u64;
+    let pb = progress::bar("profile", 2 * n, "shapes", true);
+    let samples = profile::measure(&grid, exec.as_ref(), |op| {
+        pb.set_message(op.to_string());
+        pb.inc(1);
+    })?;
+    let holdout = profile::measure(&hold, exec.as_ref(), |op| {
+        pb.set_message(format!("hold-out {op}"));
+        pb.inc(1);
+    })?;
+    pb.finish_and_clear();
+    let p = profile::fit(&base, &spec, &samples, &holdout)?;
+    let path = study::write_profile(&a.out, &p, &samples, &holdout)?;
+    println!("{}", study::profile_markdown(&p));
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+fn run_cmd(a: RunArgs) -> Result<()> {
+    let mut cfg = config(&a.config, &a.mode)?;
+    if let Some(h) = &a.hardware {
+        cfg.hardware = h.clone();
+    }
+    if !(a.speedup > 0.0) {
+        bail!("--speedup: expected > 0, got {}", a.speedup);
+    }
+    let (trace, bs) = read_trace(&a.trace)?;
+    let exec = executor(&cfg, 0)?;
+    let pb = progress::spinner("validate run", "", true);
+    pb.set_message(format!("{} requests, {}", trace.len(), cfg.mode.name()));
+    let r = match a.store {
+        StoreKind::Mem => run_trace(
+            &cfg,
+            &trace,
+            bs,
+            mem_store(&cfg)?,
+            exec,
+            a.speedup,
+            RunOptions::default(),
+        ),
+        StoreKind::Mooncake => {
+            let store = match BridgeStore::from_env() {
+                Some(s) => s.context("connecting to the Mooncake bridge")?,
+                None => bail!(
+                    "--store mooncake needs MOONAGENT_MOONCAKE_BRIDGE (start a store with `bash scripts/mooncake.sh up` and export what it prints)"
+                ),
+            };
+            run_trace(
+                &cfg,
+                &trace,
+                bs,
+                store,
+                exec,
+                a.speedup,
+                RunOptions::default(),
+            )
+        }
+    };
+    pb.finish_and_clear();
+    let (m, s) = r?;
+    write_run(&a.out, &m, &s)?;
+    let sm = &s.summary;
+    println!(
+        "{}: {} of {} requests in {:.1} s; TTFT p50 {:.1} ms p95 {:.1} ms; {:.3} req/s; image hits {:.1}%, KV block hits {:.1}%; {} actions, same decisions on replay: {}",
+        sm.mode,
+        sm.completed,
+        sm.injected,
+        s.wall_s,
+        sm.ttft_ms.p50,
+        sm.ttft_ms.p95,
+        sm.throughput_rps,
+        100.0 * sm.image_hit_rate,
+        100.0 * sm.kv_block_hit_rate,
+        s.actions,
+        if s.same_decisions { "yes" } else { "NO" }
+    );
+    eprintln!("wrote {}", a.out.display());
+    Ok(())
+}
+
+fn compare_cmd(a: CompareArgs) -> Result<()> {
+    let cfg = config(&a.config, &a.mode)?;
+    let (trace, bs) = read_trace(&a.trace)?;
+    let inputs = read_inputs(&a.run.join("inputs.jsonl"))?;
+    let c = moonagent_validation::compare::compare(&cfg, &trace, bs, &inputs, &a.hardware)?;
+    moonagent_validation::compare::write(&a.out, "simulated vs measured", &[c.clone()])?;
+    println!("{}", c.markdown("simulated vs measured"));
+    eprintln!("wrote {}", a.out.display());
+    Ok(())
+}
+
+fn all_cmd(a: AllArgs) -> Result<()> {
+    let mut cfg = StudyConfig {
+        modes: a.modes.iter().map(|m| mode_of(m)).collect::<Result<_>>()?,
+        requests: a.requests,
+        repeats: a.repeats,
+        ..StudyConfig::default()
+    };
+    if a.quick {
+        cfg.requests = 30;
+        cfg.repeats = 1;
+        cfg.grid = Grid::quick();
+        cfg.holdout = 3;
+    }
+    let exec = executor(&cpu_config(Mode::B3), 0)?;
+    let pb = progress::spinner("validate", "", true);
+    let st = study::run_study(&cfg, exec, &a.out, |what| pb.set_message(what.to_string()));
+    pb.finish_and_clear();
+    let st = st?;
+    println!("{}", study::report(&st));
+    eprintln!("wrote {}", a.out.display());
+    Ok(())
+}
