@@ -135,24 +135,24 @@ fn qwen25_vl_3b_and_72b_derived_facts_are_exact() {
 fn qwen25_vl_tiny_validates_and_has_its_header_sizes() {
     let m = ModelSpec::by_name("qwen2.5-vl-tiny").unwrap();
     m.validate().unwrap();
-    // 2 (K and V) * 4 layers * 2 KV heads * 32 head dim * 2 bytes (bf16).
-    assert_eq!(m.kv_bytes_per_token(), 1_024);
+    // 2 (K and V) * 6 layers * 2 KV heads * 32 head dim * 2 bytes (bf16).
+    assert_eq!(m.kv_bytes_per_token(), 1_536);
     // 256 out_hidden * 2 bytes.
     assert_eq!(m.encoder_output_bytes_per_token(), 512);
     assert_eq!(m.patches_per_visual_token(), 4);
     // 4 patches * 3 channels * 2 frames * 14 * 14 pixels * 4 bytes (fp32).
     assert_eq!(m.pixel_bytes_per_visual_token(), 18_816);
     // Layer: q 256*256 + k,v 2*256*64 + o 256*256 + bias (256 + 2*64) + MLP 3*256*704
-    // + norms 2*256 = 705,408. LLM: embedding 4096*256 + 4 layers + final norm 256
-    // + untied head 4096*256 = 1,048,576 + 2,821,632 + 256 + 1,048,576.
+    // + norms 2*256 = 705,408. LLM: embedding 4096*256 + 6 layers + final norm 256
+    // + untied head 4096*256 = 1,048,576 + 4,232,448 + 256 + 1,048,576.
     assert_eq!(m.llm_layer_params(), 705_408);
-    assert_eq!(m.llm_params(), 4_919_040);
+    assert_eq!(m.llm_params(), 6_329_856);
     // Patch embed 3*2*14*14*192 = 225,792; block: qkv 192*576 + 576, proj 192*192 + 192,
     // MLP 2*(192*512 + 512) + 512*192 + 192, norms 2*192 = 444,736; merger: norm 192,
-    // 768*768 + 768, 768*256 + 256 = 787,648. 225,792 + 4*444,736 + 787,648.
+    // 768*768 + 768, 768*256 + 256 = 787,648. 225,792 + 6*444,736 + 787,648.
     assert_eq!(m.vision_block_params(), 444_736);
     assert_eq!(m.vision_merger_params(), 787_648);
-    assert_eq!(m.vision_params(), 2_792_384);
+    assert_eq!(m.vision_params(), 3_681_856);
     // Windows of (112/14)^2 = 64 patches.
     assert_eq!(m.vision_window_patches(), 64);
 }

@@ -68,13 +68,13 @@ fn output_sizes_are_the_specs() {
         );
     }
     assert!(c.encode(&[]).unwrap().is_empty());
-    // KV: 2 * 4 layers * 2 kv heads * 32 head dim * 2 bytes = 1,024 bytes per token.
+    // KV: 2 * 6 layers * 2 kv heads * 32 head dim * 2 bytes = 1,536 bytes per token.
     let mut kv = c.new_kv(8, PT).unwrap();
-    assert_eq!(kv.page_bytes(), 16 * 1024);
+    assert_eq!(kv.page_bytes(), 16 * 1536);
     let pages = [3, 1, 6];
     for n in [1u32, 15, 16, 17, 40] {
         prefill_one(&pages, 0, &[Rows::Text { seed: 1, count: n }], &mut kv);
-        assert_eq!(kv.read_tokens(&pages, n).unwrap().len(), n as usize * 1024);
+        assert_eq!(kv.read_tokens(&pages, n).unwrap().len(), n as usize * 1536);
     }
 }
 
