@@ -12,6 +12,7 @@ use std::path::Path;
 use moonagent_core::serve::toy::{replay_inputs, Input};
 use moonagent_core::serve::{RequestRecord, NONE};
 use moonagent_sim::des::{simulate, SimConfig, SimError, Summary};
+use moonagent_sim::plot::{sim_vs_measured, Pairs};
 use moonagent_sim::table::{Column, Table};
 use moonagent_traces::schema::Request;
 use serde::Serialize;
@@ -90,6 +91,8 @@ fn pearson(a: &[f64], b: &[f64]) -> f64 {
 pub struct Comparison {
     /// Mode.
     pub mode: String,
+    /// What this run was (mode, load, repeat), for legends.
+    pub label: String,
     /// Requests in the trace.
     pub requests: usize,
     /// Time to first token.
@@ -168,6 +171,7 @@ pub fn compare(
     let span = |a: u64, b: u64| (a != NONE && b != NONE && b >= a).then(|| b - a);
     Ok(Comparison {
         mode: cfg.mode.name().into(),
+        label: cfg.mode.name().into(),
         requests: trace.len(),
         ttft: metric(&|r| Some(r.ttft_ns())),
         e2e: metric(&|r| Some(r.e2e_ns())),
@@ -246,6 +250,25 @@ pub fn write(dir: &Path, title: &str, cs: &[Comparison]) -> Result<(), MeasureEr
     std::fs::write(&p, text).map_err(|e| file(&p, &e))?;
     let p = dir.join("compare.parquet");
     table(cs).write_parquet(&p).map_err(|e| file(&p, &e))?;
+    for (name, f) in [
+        ("TTFT", (|r: &RequestRecord| r.ttft_ns()) as fn(&RequestRecord) -> u64),
+        ("E2E", |r: &RequestRecord| r.e2e_ns()),
+    ] {
+        let series: Vec<Pairs> = cs
+            .iter()
+            .map(|c| Pairs {
+                label: c.label.clone(),
+                points: c
+                    .pairs
+                    .iter()
+                    .map(|(m, s)| (f(m) as f64 / 1e6, f(s) as f64 / 1e6))
+                    .collect(),
+            })
+            .collect();
+        let svg = sim_vs_measured(title, name, &series).map_err(|e| file(dir, &e))?;
+        let p = dir.join(format!("compare-{}.svg", name.to_lowercase()));
+        std::fs::write(&p, svg).map_err(|e| file(&p, &e))?;
+    }
     Ok(())
 }
 

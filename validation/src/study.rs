@@ -202,7 +202,8 @@ pub fn run_study(
                     .join("runs")
                     .join(format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k));
                 write_run(&dir, &m, &s)?;
-                let c = compare(&mcfg, &trace, bs, &m.inputs, &hw_arg)?;
+                let mut c = compare(&mcfg, &trace, bs, &m.inputs, &hw_arg)?;
+                c.label = format!("{} {:.0}% #{}", mode.name(), 100.0 * load, k + 1);
                 runs.push(StudyRun {
                     mode: mode.name().into(),
                     load,

@@ -4,16 +4,19 @@
 //! One function per figure, each returning the SVG text; the CLI only decides where it
 //! goes. [`ladder`] (throughput and P95 TTFT per mode per workload), [`capacity`] (hit rate
 //! vs capacity per policy with Belady's MIN bound), [`pareto`] (`sweep best`'s points, the
-//! SLO-feasible ones, the front and the best point). The notebooks in `notebooks/` draw the
+//! SLO-feasible ones, the front and the best point), [`sim_vs_measured`] (`moonagent
+//! validate`'s per-request scatter and error CDF). The notebooks in `notebooks/` draw the
 //! same results with more detail; these are the figures one gets without Python.
 
 mod capacity;
 mod ladder;
 mod pareto;
+mod validate;
 
 pub use capacity::{capacity, Curve, Panel};
 pub use ladder::ladder;
 pub use pareto::pareto;
+pub use validate::{sim_vs_measured, Pairs};
 
 use plotters::style::RGBColor;
 
