@@ -54,10 +54,14 @@
 //! prefill, or from prefill followed by decode, whatever its page ids.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod kv;
 mod ops;
 
 pub use cpu::CpuCompute;
+#[cfg(feature = "cuda")]
+pub use cuda::CudaCompute;
 pub use kv::KvArena;
 
 use moonagent_core::rng::mix64;
@@ -165,6 +169,9 @@ pub enum ComputeError {
     /// No accelerator (or no driver) for a device backend.
     #[error("no GPU available: {0}")]
     NoDevice(String),
+    /// A device backend's call failed (CUDA driver or cuBLAS error).
+    #[error("device error: {0}")]
+    Device(String),
 }
 
 /// One image to encode: its size in visual tokens and the seed of its (processed) pixels.
