@@ -9,6 +9,10 @@
 //! (`qwen2.5-vl-tiny`) is how the simulator's structure is validated on a machine without
 //! a GPU.
 //!
+//! Backends: [`CpuCompute`] (host, `matrixmultiply`), and with the `cuda` feature
+//! `CudaCompute` (the same operators with cuBLAS GEMMs on device-resident weights; norms,
+//! attention and KV pages still on the host).
+//!
 //! # What is modelled
 //! - **Encoder** (Qwen2.5-VL's ViT): deterministic processed pixels per image (from its
 //!   content seed), the patch-embedding GEMM (Conv3d over one patch, no bias), `depth`
