@@ -7,7 +7,8 @@
 //! pages stay in a host [`KvArena`] (device-resident KV and attention kernels are not
 //! built yet). cudarc loads the driver and cuBLAS at run time (`dynamic-loading`), so the
 //! feature builds on a machine without CUDA; [`CudaCompute::new`] then fails with
-//! [`ComputeError::NoDevice`].
+//! [`ComputeError::NoDevice`]. Only that error path has been exercised so far (the machine
+//! this was written on has no GPU); the device path is the test's other branch.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
