@@ -7,7 +7,7 @@ use moonagent_models::ModelSpec;
 use super::kv::KvArena;
 use super::ops::{
     add_into, attend_row, extend_from_bf16_bytes, gelu, normal, rms_norm, rope, swiglu,
-    to_bf16_bytes, Linear,
+    to_bf16_bytes, Host, Linear, LinearExec,
 };
 use super::{
     text_token, Compute, ComputeError, DecodeSeq, ImageInput, KvPages, PrefillChunk, Rows,
@@ -272,7 +272,13 @@ impl CpuCompute {
 
     /// The LLM over stacked input rows `x` (rows x hidden) of `seqs`: writes each new
     /// row's K/V, returns each sequence's next token (argmax at its last row).
-    fn forward(&self, kv: &mut KvArena, mut x: Vec<f32>, seqs: &[SeqRows<'_>]) -> Vec<u32> {
+    fn forward(
+        &self,
+        exec: &dyn LinearExec,
+        kv: &mut KvArena,
+        mut x: Vec<f32>,
+        seqs: &[SeqRows<'_>],
+    ) -> Result<Vec<u32>, ComputeError> {
         let (h, hd) = (self.hidden, self.head_dim);
         let rows = x.len() / h;
         let q_dim = self.heads * hd;
@@ -297,7 +303,7 @@ impl CpuCompute {
         let (mut kbuf, mut vbuf, mut scores) = (Vec::new(), Vec::new(), Vec::new());
         for (l, layer) in self.layers.iter().enumerate() {
             let xn = rms_norm(&x, h, &layer.ln1);
-            let mut qkv = layer.qkv.forward(&xn, rows);
+            let mut qkv = exec.linear(&layer.qkv, &xn, rows)?;
             for r in 0..rows {
                 let (c, sn) = (
                     &cos[r * half..(r + 1) * half],
@@ -334,10 +340,10 @@ impl CpuCompute {
                     }
                 }
             }
-            add_into(&mut x, &layer.o.forward(&attn, rows));
+            add_into(&mut x, &exec.linear(&layer.o, &attn, rows)?);
             let xn = rms_norm(&x, h, &layer.ln2);
-            let act = swiglu(&layer.gate_up.forward(&xn, rows), self.inter);
-            add_into(&mut x, &layer.down.forward(&act, rows));
+            let act = swiglu(&exec.linear(&layer.gate_up, &xn, rows)?, self.inter);
+            add_into(&mut x, &exec.linear(&layer.down, &act, rows)?);
         }
         // The LM head on each sequence's last row only.
         let mut last = Vec::with_capacity(seqs.len() * h);
@@ -346,8 +352,8 @@ impl CpuCompute {
             last.extend_from_slice(&x[r * h..(r + 1) * h]);
         }
         let last = rms_norm(&last, h, &self.final_norm);
-        self.lm_head
-            .forward(&last, seqs.len())
+        Ok(exec
+            .linear(&self.lm_head, &last, seqs.len())?
             .chunks_exact(self.vocab)
             .map(|row| {
                 let mut best = 0;
@@ -358,7 +364,25 @@ impl CpuCompute {
                 }
                 best as u32
             })
-            .collect()
+            .collect())
+    }
+
+    /// Every dense layer, in a fixed order (a device backend uploads these).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn linears(&self) -> Vec<&Linear> {
+        let mut out = vec![
+            &self.lm_head,
+            &self.patch_embed,
+            &self.merger_fc1,
+            &self.merger_fc2,
+        ];
+        for l in &self.layers {
+            out.extend([&l.qkv, &l.o, &l.gate_up, &l.down]);
+        }
+        for b in &self.blocks {
+            out.extend([&b.qkv, &b.proj, &b.gate_up, &b.down]);
+        }
+        out
     }
 
     fn embed_row(&self, token: usize, x: &mut Vec<f32>) {
@@ -378,6 +402,33 @@ impl Compute for CpuCompute {
     }
 
     fn encode(&self, images: &[ImageInput]) -> Result<Vec<Vec<u8>>, ComputeError> {
+        self.encode_with(&Host, images)
+    }
+
+    fn prefill(
+        &self,
+        kv: &mut KvArena,
+        chunks: &[PrefillChunk<'_>],
+    ) -> Result<Vec<u32>, ComputeError> {
+        self.prefill_with(&Host, kv, chunks)
+    }
+
+    fn decode(&self, kv: &mut KvArena, batch: &[DecodeSeq<'_>]) -> Result<Vec<u32>, ComputeError> {
+        self.decode_with(&Host, kv, batch)
+    }
+
+    fn copy_pages(&self, kv: &mut KvArena, src: &[u32], dst: &[u32]) -> Result<(), ComputeError> {
+        Self::copy_pages_host(kv, src, dst)
+    }
+}
+
+impl CpuCompute {
+    /// [`Compute::encode`] with the GEMMs of `exec`.
+    pub(crate) fn encode_with(
+        &self,
+        exec: &dyn LinearExec,
+        images: &[ImageInput],
+    ) -> Result<Vec<Vec<u8>>, ComputeError> {
         let tokens: u64 = images.iter().map(|i| u64::from(i.visual_tokens)).sum();
         let patches = usize::try_from(tokens)
             .ok()
@@ -394,7 +445,7 @@ impl Compute for CpuCompute {
         for img in images {
             self.pixels(img, &mut pixels);
         }
-        let mut x = self.patch_embed.forward(&pixels, patches);
+        let mut x = exec.linear(&self.patch_embed, &pixels, patches)?;
         drop(pixels);
         // Each image's patches: [start, end) in the stacked batch.
         let mut spans = Vec::with_capacity(images.len());
@@ -406,7 +457,7 @@ impl Compute for CpuCompute {
         }
         for blk in &self.blocks {
             let xn = rms_norm(&x, h, &blk.ln1);
-            let qkv = blk.qkv.forward(&xn, patches);
+            let qkv = exec.linear(&blk.qkv, &xn, patches)?;
             let mut attn = vec![0.0f32; patches * h];
             // Full-attention blocks attend over the image; the others within windows of
             // `window` consecutive patches (see the module docs).
@@ -423,19 +474,19 @@ impl Compute for CpuCompute {
                     w = we;
                 }
             }
-            add_into(&mut x, &blk.proj.forward(&attn, patches));
+            add_into(&mut x, &exec.linear(&blk.proj, &attn, patches)?);
             let xn = rms_norm(&x, h, &blk.ln2);
-            let act = swiglu(&blk.gate_up.forward(&xn, patches), self.v_inter);
-            add_into(&mut x, &blk.down.forward(&act, patches));
+            let act = swiglu(&exec.linear(&blk.gate_up, &xn, patches)?, self.v_inter);
+            add_into(&mut x, &exec.linear(&blk.down, &act, patches)?);
         }
         // Merger: norm each patch, then `merge` consecutive patches are one row.
         let xn = rms_norm(&x, h, &self.merger_ln);
         let tokens = patches / self.merge;
-        let mut mid = self.merger_fc1.forward(&xn, tokens);
+        let mut mid = exec.linear(&self.merger_fc1, &xn, tokens)?;
         for v in &mut mid {
             *v = gelu(*v);
         }
-        let out = self.merger_fc2.forward(&mid, tokens);
+        let out = exec.linear(&self.merger_fc2, &mid, tokens)?;
         let oh = self.merger_fc2.dout;
         let mut outputs = Vec::with_capacity(images.len());
         let mut t = 0;
@@ -447,8 +498,10 @@ impl Compute for CpuCompute {
         Ok(outputs)
     }
 
-    fn prefill(
+    /// [`Compute::prefill`] with the GEMMs of `exec`.
+    pub(crate) fn prefill_with(
         &self,
+        exec: &dyn LinearExec,
         kv: &mut KvArena,
         chunks: &[PrefillChunk<'_>],
     ) -> Result<Vec<u32>, ComputeError> {
@@ -547,10 +600,16 @@ impl Compute for CpuCompute {
             });
             row0 += n;
         }
-        Ok(self.forward(kv, x, &seqs))
+        self.forward(exec, kv, x, &seqs)
     }
 
-    fn decode(&self, kv: &mut KvArena, batch: &[DecodeSeq<'_>]) -> Result<Vec<u32>, ComputeError> {
+    /// [`Compute::decode`] with the GEMMs of `exec`.
+    pub(crate) fn decode_with(
+        &self,
+        exec: &dyn LinearExec,
+        kv: &mut KvArena,
+        batch: &[DecodeSeq<'_>],
+    ) -> Result<Vec<u32>, ComputeError> {
         self.check_arena(kv)?;
         let mut x = Vec::with_capacity(batch.len() * self.hidden);
         let mut seqs = Vec::with_capacity(batch.len());
@@ -570,10 +629,15 @@ impl Compute for CpuCompute {
                 row0: i,
             });
         }
-        Ok(self.forward(kv, x, &seqs))
+        self.forward(exec, kv, x, &seqs)
     }
 
-    fn copy_pages(&self, kv: &mut KvArena, src: &[u32], dst: &[u32]) -> Result<(), ComputeError> {
+    /// [`Compute::copy_pages`] on a host arena.
+    pub(crate) fn copy_pages_host(
+        kv: &mut KvArena,
+        src: &[u32],
+        dst: &[u32],
+    ) -> Result<(), ComputeError> {
         if src.len() != dst.len() {
             return Err(ComputeError::CopyLengths {
                 src: src.len(),

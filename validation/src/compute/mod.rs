@@ -9,6 +9,10 @@
 //! (`qwen2.5-vl-tiny`) is how the simulator's structure is validated on a machine without
 //! a GPU.
 //!
+//! Backends: [`CpuCompute`] (host, `matrixmultiply`), and with the `cuda` feature
+//! `CudaCompute` (the same operators with cuBLAS GEMMs on device-resident weights; norms,
+//! attention and KV pages still on the host).
+//!
 //! # What is modelled
 //! - **Encoder** (Qwen2.5-VL's ViT): deterministic processed pixels per image (from its
 //!   content seed), the patch-embedding GEMM (Conv3d over one patch, no bias), `depth`
@@ -54,10 +58,14 @@
 //! prefill, or from prefill followed by decode, whatever its page ids.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod kv;
 mod ops;
 
 pub use cpu::CpuCompute;
+#[cfg(feature = "cuda")]
+pub use cuda::CudaCompute;
 pub use kv::KvArena;
 
 use moonagent_core::rng::mix64;
@@ -165,6 +173,9 @@ pub enum ComputeError {
     /// No accelerator (or no driver) for a device backend.
     #[error("no GPU available: {0}")]
     NoDevice(String),
+    /// A device backend's call failed (CUDA driver or cuBLAS error).
+    #[error("device error: {0}")]
+    Device(String),
 }
 
 /// One image to encode: its size in visual tokens and the seed of its (processed) pixels.

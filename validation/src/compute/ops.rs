@@ -4,6 +4,8 @@
 use half::bf16;
 use moonagent_core::rng::Rng;
 
+use super::ComputeError;
+
 /// `c = a * b` for row-major `a` (m x k), `b` (k x n), `c` (m x n); `c` is overwritten.
 pub(crate) fn matmul(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, c: &mut [f32]) {
     // The lengths are the GEMM's memory safety; they hold by construction (every caller
@@ -37,6 +39,21 @@ pub(crate) fn matmul(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, c: &mut
     }
 }
 
+/// Where the dense layers' GEMMs run: the host (`matrixmultiply`) or a device.
+pub(crate) trait LinearExec {
+    /// `rows` rows of `x` through `layer`: rows x `layer.dout`.
+    fn linear(&self, layer: &Linear, x: &[f32], rows: usize) -> Result<Vec<f32>, ComputeError>;
+}
+
+/// GEMMs on the host through `matrixmultiply`.
+pub(crate) struct Host;
+
+impl LinearExec for Host {
+    fn linear(&self, layer: &Linear, x: &[f32], rows: usize) -> Result<Vec<f32>, ComputeError> {
+        Ok(layer.forward(x, rows))
+    }
+}
+
 /// A dense layer `y = x W (+ b)`, `W` stored `din x dout` row-major.
 #[derive(Debug, Clone)]
 pub(crate) struct Linear {
@@ -65,10 +82,14 @@ impl Linear {
         }
     }
 
-    /// `rows` rows of `x` (rows x din) through the layer: rows x dout.
-    pub fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
-        let mut y = vec![0.0; rows * self.dout];
-        matmul(x, rows, self.din, &self.w, self.dout, &mut y);
+    /// The weights, `din x dout` row-major.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn weights(&self) -> &[f32] {
+        &self.w
+    }
+
+    /// Add the bias (if any) to each `dout`-wide row of `y`.
+    pub fn add_bias(&self, y: &mut [f32]) {
         if let Some(b) = &self.b {
             for row in y.chunks_exact_mut(self.dout) {
                 for (v, bb) in row.iter_mut().zip(b) {
@@ -76,6 +97,13 @@ impl Linear {
                 }
             }
         }
+    }
+
+    /// `rows` rows of `x` (rows x din) through the layer: rows x dout.
+    pub fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        let mut y = vec![0.0; rows * self.dout];
+        matmul(x, rows, self.din, &self.w, self.dout, &mut y);
+        self.add_bias(&mut y);
         y
     }
 }
