@@ -69,9 +69,19 @@ enum StoreKind {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Trace (moonagent schema, .jsonl or .parquet).
+    /// Trace (moonagent schema, .jsonl or .parquet); default: the validation workload
+    /// (`--requests`, `--rate`, `--seed`).
     #[arg(long)]
-    trace: PathBuf,
+    trace: Option<PathBuf>,
+    /// Requests of the generated validation workload.
+    #[arg(long, default_value_t = 200)]
+    requests: u64,
+    /// Arrival rate of the generated validation workload, requests per second.
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
+    /// Seed of the generated validation workload.
+    #[arg(long, default_value_t = 17)]
+    seed: u64,
     /// Simulator configuration (TOML or JSON SimConfig; default: the CPU validation cluster).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -97,9 +107,19 @@ struct CompareArgs {
     /// A folder written by `moonagent validate run` (its inputs.jsonl).
     #[arg(long)]
     run: PathBuf,
-    /// The trace that run replayed.
+    /// The trace that run replayed (default: the generated validation workload, with the
+    /// same `--requests`, `--rate` and `--seed` as the run).
     #[arg(long)]
-    trace: PathBuf,
+    trace: Option<PathBuf>,
+    /// Requests of the generated validation workload.
+    #[arg(long, default_value_t = 200)]
+    requests: u64,
+    /// Arrival rate of the generated validation workload, requests per second.
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
+    /// Seed of the generated validation workload.
+    #[arg(long, default_value_t = 17)]
+    seed: u64,
     /// The run's configuration, if it was not the default.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -220,7 +240,10 @@ fn run_cmd(a: RunArgs) -> Result<()> {
     if !(a.speedup > 0.0) {
         bail!("--speedup: expected > 0, got {}", a.speedup);
     }
-    let (trace, bs) = read_trace(&a.trace)?;
+    let (trace, bs) = match &a.trace {
+        Some(p) => read_trace(p)?,
+        None => study::generate(a.requests, a.rate, a.seed)?,
+    };
     let exec = executor(&cfg, 0)?;
     let pb = progress::spinner("validate run", "", true);
     pb.set_message(format!("{} requests, {}", trace.len(), cfg.mode.name()));
@@ -276,7 +299,10 @@ fn run_cmd(a: RunArgs) -> Result<()> {
 
 fn compare_cmd(a: CompareArgs) -> Result<()> {
     let cfg = config(&a.config, &a.mode)?;
-    let (trace, bs) = read_trace(&a.trace)?;
+    let (trace, bs) = match &a.trace {
+        Some(p) => read_trace(p)?,
+        None => study::generate(a.requests, a.rate, a.seed)?,
+    };
     let inputs = read_inputs(&a.run.join("inputs.jsonl"))?;
     let c = moonagent_validation::compare::compare(&cfg, &trace, bs, &inputs, &a.hardware)?;
     moonagent_validation::compare::write(&a.out, "simulated vs measured", &[c.clone()])?;
