@@ -9,6 +9,7 @@
 pub mod faulty;
 pub mod fingerprint;
 pub mod fork;
+pub mod invariant;
 pub mod mm_cache;
 pub mod rng;
 pub mod serve;

@@ -19,6 +19,7 @@
 
 use std::collections::BTreeSet;
 
+use moonagent_core::invariant::InvariantViolation;
 use moonagent_core::store::policies::{
     Belady, Fifo, Lru, S3Fifo, S3FifoConfig, Sieve, WTinyLfu, WTinyLfuConfig,
 };
@@ -52,7 +53,7 @@ impl EvictionPolicy for Dyn {
     }
 }
 
-type StateCheck<P> = fn(&P, &[ObjectMeta]) -> Result<(), String>;
+type StateCheck<P> = fn(&P, &[ObjectMeta]) -> Result<(), InvariantViolation>;
 
 /// Checks every plan of the wrapped policy (and its internal state, if it can).
 #[derive(Debug)]

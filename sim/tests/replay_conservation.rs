@@ -5,8 +5,8 @@
 use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
 use moonagent_sim::replay::ablation;
 use moonagent_sim::replay::{
-    policy_by_name, replay_all, replay_grid, Compiled, LabelledPolicy, PolicyResult, NEVER,
-    POLICY_NAMES,
+    policy_by_name, replay_all, replay_grid, Compiled, LabelledPolicy, PolicyResult, ReplayError,
+    NEVER, POLICY_NAMES,
 };
 
 fn every_policy() -> Vec<LabelledPolicy> {
@@ -161,12 +161,12 @@ fn replay_is_deterministic_across_runs_and_thread_counts() {
 
 #[test]
 fn bad_inputs_are_refused_with_the_reason() {
-    let e = policy_by_name("lfu").unwrap_err();
+    let e = policy_by_name("lfu").unwrap_err().to_string();
     assert!(
         e.contains("unknown policy \"lfu\"") && e.contains("mooncake-default"),
         "{e}"
     );
-    let e = policy_by_name("hierarchical").unwrap_err();
+    let e = policy_by_name("hierarchical").unwrap_err().to_string();
     assert!(e.contains("needs settings"), "{e}");
     assert!(matches!(
         policy_by_name("s3-fifo"),
@@ -176,20 +176,30 @@ fn bad_inputs_are_refused_with_the_reason() {
     let mut c = Compiled::default();
     c.push(10, 1, 1, 1, DataType::KvCache, 0, 1).expect("push");
     let e = c.push(5, 2, 1, 1, DataType::KvCache, 0, 1).unwrap_err();
-    assert!(e.contains("arrival order"), "{e}");
+    assert!(
+        matches!(e, ReplayError::OutOfOrder { time: 5, last: 10 }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("arrival order"), "{e}");
     // A replay of an unfinished compiled trace.
     let lp = LabelledPolicy::by_name("lru").expect("lru");
     let e = moonagent_sim::replay::replay_one(&c, &MemStoreConfig::default(), &lp).unwrap_err();
-    assert!(e.contains("fill_next"), "{e}");
+    assert!(matches!(e, ReplayError::NotFilled), "{e}");
+    assert!(e.to_string().contains("fill_next"), "{e}");
     c.fill_next();
     assert!(moonagent_sim::replay::replay_one(&c, &MemStoreConfig::default(), &lp).is_ok());
     // A store config with no capacity.
     let e =
         moonagent_sim::replay::replay_one(&c, &MemStoreConfig::with_capacity(0), &lp).unwrap_err();
-    assert!(e.contains("capacity_bytes"), "{e}");
+    assert!(matches!(e, ReplayError::StoreConfig(_)), "{e}");
+    assert!(e.to_string().contains("capacity_bytes"), "{e}");
     // Objects over 4 GiB.
     let e = c
         .push(20, 3, 5 << 30, 1, DataType::KvCache, 0, 1)
         .unwrap_err();
-    assert!(e.contains("4 GiB"), "{e}");
+    assert!(
+        matches!(e, ReplayError::ObjectTooLarge { bytes } if bytes == 5 << 30),
+        "{e}"
+    );
+    assert!(e.to_string().contains("4 GiB"), "{e}");
 }

@@ -146,6 +146,57 @@ impl TraceError {
     }
 }
 
+/// What is wrong with one value of a record (an Azure timestamp, a ServeGen dict cell),
+/// before the reader adds the file, location and field ([`TraceError::Invalid`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    /// Not of the expected form.
+    #[error("expected {expected}, found {found}")]
+    Expected {
+        /// What was expected.
+        expected: String,
+        /// What was found (quoted when it is text).
+        found: String,
+    },
+    /// A part of the value is not of the expected form.
+    #[error("expected {expected} in {value:?}")]
+    ExpectedIn {
+        /// What was expected.
+        expected: &'static str,
+        /// The whole value.
+        value: String,
+    },
+    /// Text left over after the value.
+    #[error("unexpected {rest:?} after the time in {value:?}")]
+    Trailing {
+        /// The text left over.
+        rest: String,
+        /// The whole value.
+        value: String,
+    },
+    /// A number of the expected form but too large.
+    #[error("{what} {text:?} out of range")]
+    OutOfRange {
+        /// Which part (`year`, `fraction`, ...).
+        what: &'static str,
+        /// Its digits.
+        text: String,
+    },
+    /// A date or time field (month, day, hour, minute, second) out of its range.
+    #[error("date-time field out of range in {0:?}")]
+    DateTimeRange(String),
+}
+
+impl ValueError {
+    /// `expected {expected}, found {found}`.
+    pub fn expected(expected: impl Into<String>, found: impl Into<String>) -> Self {
+        ValueError::Expected {
+            expected: expected.into(),
+            found: found.into(),
+        }
+    }
+}
+
 /// A rule broken by one record, before the reader adds file and location.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {

@@ -22,11 +22,11 @@ pub mod stats;
 
 use std::path::PathBuf;
 
-pub use error::{FieldError, Location, TraceError};
+pub use error::{FieldError, Location, TraceError, ValueError};
 pub use io::{convert, convert_observed, write_trace, Format, TraceReader, TraceWriter};
 pub use schema::{
-    qwen25vl_grid, qwen25vl_visual_tokens, Fork, Image, Request, TraceHeader, Validator,
-    SCHEMA_VERSION,
+    qwen25vl_grid, qwen25vl_visual_tokens, Fork, Image, ImageError, Request, TraceHeader,
+    Validator, SCHEMA_VERSION,
 };
 pub use stats::{ObjectSizes, StatsBuilder, StatsConfig, TraceStats};
 

@@ -144,23 +144,42 @@ struct ImageRepr {
     grid_thw: Option<[u32; 3]>,
 }
 
+/// Why an image record has no visual token count (serde reports it with the line).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageError {
+    /// No `visual_tokens` and a `grid_thw` that is not a valid grid.
+    #[error("field `visual_tokens` missing and `grid_thw` is not a valid grid")]
+    BadGrid,
+    /// No `visual_tokens` or grid, and a size the resize rule refuses.
+    #[error("field `visual_tokens` missing and {width}x{height} pixels cannot be resized")]
+    Unresizable {
+        /// Width in pixels.
+        width: u32,
+        /// Height in pixels.
+        height: u32,
+    },
+    /// None of `visual_tokens`, `grid_thw`, or width and height.
+    #[error(
+        "missing field `visual_tokens` (expected visual_tokens, grid_thw, or width and height)"
+    )]
+    NoTokens,
+}
+
 impl TryFrom<ImageRepr> for Image {
-    type Error = String;
-    fn try_from(r: ImageRepr) -> Result<Self, String> {
+    type Error = ImageError;
+    fn try_from(r: ImageRepr) -> Result<Self, ImageError> {
         let visual_tokens = match (r.visual_tokens, r.grid_thw, r.width, r.height) {
             (Some(v), _, _, _) => v,
-            (None, Some(g), _, _) => visual_tokens_for_grid(g, QWEN_SPATIAL_MERGE).ok_or_else(
-                || "field `visual_tokens` missing and `grid_thw` is not a valid grid".to_string(),
-            )?,
-            (None, None, Some(w), Some(h)) => qwen25vl_visual_tokens(w, h).ok_or_else(|| {
-                format!("field `visual_tokens` missing and {w}x{h} pixels cannot be resized")
-            })?,
-            _ => {
-                return Err(
-                    "missing field `visual_tokens` (expected visual_tokens, grid_thw, or width and height)"
-                        .to_string(),
-                )
+            (None, Some(g), _, _) => {
+                visual_tokens_for_grid(g, QWEN_SPATIAL_MERGE).ok_or(ImageError::BadGrid)?
             }
+            (None, None, Some(w), Some(h)) => {
+                qwen25vl_visual_tokens(w, h).ok_or(ImageError::Unresizable {
+                    width: w,
+                    height: h,
+                })?
+            }
+            _ => return Err(ImageError::NoTokens),
         };
         Ok(Image {
             content_id: r.content_id,

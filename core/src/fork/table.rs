@@ -5,6 +5,7 @@
 //! refcounts lives in [`super::pool`]. Page arithmetic is kept here so the pool and the
 //! tests compute "how many pages does this length need" the same way.
 
+use crate::invariant::{violation, InvariantViolation};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -220,10 +221,11 @@ impl PoolSnapshot {
     /// Checks the pool invariants on this snapshot: refcount = number of live tables
     /// holding the page, free + used = capacity, no page both free and referenced, no
     /// page twice on the free list, every table as long as its length needs.
-    pub fn check(&self, cfg: &PoolConfig) -> Result<(), String> {
+    pub fn check(&self, cfg: &PoolConfig) -> Result<(), InvariantViolation> {
         let cap = self.refcounts.len();
         if cap != cfg.capacity_pages as usize {
-            return Err(format!(
+            return Err(violation!(
+                "F1",
                 "{cap} refcounts for capacity {}",
                 cfg.capacity_pages
             ));
@@ -231,7 +233,8 @@ impl PoolSnapshot {
         let mut holders = vec![0u64; cap];
         for (id, len, table) in &self.tables {
             if table.len() as u64 != cfg.pages_for(*len) {
-                return Err(format!(
+                return Err(violation!(
+                    "F1",
                     "{id}: {} pages for {len} tokens (block {})",
                     table.len(),
                     cfg.block_size_tokens
@@ -240,29 +243,35 @@ impl PoolSnapshot {
             for &b in table {
                 match holders.get_mut(b as usize) {
                     Some(h) => *h += 1,
-                    None => return Err(format!("{id}: page {b} out of range")),
+                    None => return Err(violation!("F1", "{id}: page {b} out of range")),
                 }
             }
         }
         for (b, (&rc, &h)) in self.refcounts.iter().zip(&holders).enumerate() {
             if u64::from(rc) != h {
-                return Err(format!("page {b}: refcount {rc} but {h} live holders"));
+                return Err(violation!(
+                    "F1",
+                    "page {b}: refcount {rc} but {h} live holders"
+                ));
             }
         }
         let mut on_free = vec![false; cap];
         for &b in &self.free {
             match on_free.get_mut(b as usize) {
-                Some(seen) if *seen => return Err(format!("page {b} twice on the free list")),
+                Some(seen) if *seen => {
+                    return Err(violation!("F1", "page {b} twice on the free list"))
+                }
                 Some(seen) => *seen = true,
-                None => return Err(format!("free page {b} out of range")),
+                None => return Err(violation!("F1", "free page {b} out of range")),
             }
             if self.refcounts[b as usize] != 0 {
-                return Err(format!("page {b} is free and referenced"));
+                return Err(violation!("F1", "page {b} is free and referenced"));
             }
         }
         let used = self.refcounts.iter().filter(|&&rc| rc > 0).count();
         if used + self.free.len() != cap {
-            return Err(format!(
+            return Err(violation!(
+                "F1",
                 "free {} + used {used} != capacity {cap}",
                 self.free.len()
             ));

@@ -20,11 +20,19 @@ pub use validate::{sim_vs_measured, Pairs};
 
 use plotters::style::RGBColor;
 
-/// Errors of a figure: plotters' drawing errors, as text.
-pub type Result<T> = std::result::Result<T, String>;
+/// Why a figure could not be drawn.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// plotters refused to draw (its SVG backend's error, kept as the source).
+    #[error("drawing a figure: {0}")]
+    Draw(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
 
-fn err<E: std::fmt::Display>(e: E) -> String {
-    format!("drawing a figure: {e}")
+/// Result of drawing a figure.
+pub type Result<T, E = PlotError> = std::result::Result<T, E>;
+
+fn err<E: std::error::Error + Send + Sync + 'static>(e: E) -> PlotError {
+    PlotError::Draw(Box::new(e))
 }
 
 /// A qualitative palette (matplotlib's tab10) so series read apart in print and on screen.

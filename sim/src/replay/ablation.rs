@@ -5,7 +5,9 @@
 use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
 use serde::Serialize;
 
-use super::{replay_grid, CompileOptions, Compiled, LabelledPolicy, ModelCost, PolicyResult};
+use super::{
+    replay_grid, CompileOptions, Compiled, LabelledPolicy, ModelCost, PolicyResult, ReplayError,
+};
 use moonagent_core::store::policies::{TypeAwareConfig, TypeKnobs, TypeKnobsByType};
 use moonagent_traces::gen::{Generated, GeneratorKind};
 
@@ -126,10 +128,10 @@ pub fn all_policies() -> Vec<LabelledPolicy> {
 
 /// The seed-002 session workload (`sessions` generator, defaults but `sessions`),
 /// compiled with Qwen2.5-VL-7B sizes and H200 costs.
-pub fn sessions_trace(sessions: u64, seed: u64) -> Result<Compiled, String> {
+pub fn sessions_trace(sessions: u64, seed: u64) -> Result<Compiled, ReplayError> {
     let overrides = vec![("sessions".to_string(), sessions.to_string())];
     let g = Generated::new(GeneratorKind::Sessions, None, &overrides, seed)
-        .map_err(|e| format!("sessions generator: {e}"))?;
+        .map_err(ReplayError::Generator)?;
     let opts = CompileOptions {
         block_size: g.header.block_size_tokens,
         ..CompileOptions::default()
@@ -234,7 +236,7 @@ pub fn calibrate_capacity(
     compiled: &Compiled,
     shares: &[f64],
     base: &MemStoreConfig,
-) -> Result<Vec<(f64, f64)>, String> {
+) -> Result<Vec<(f64, f64)>, ReplayError> {
     let unique = compiled.unique_total();
     let cfgs: Vec<MemStoreConfig> = shares
         .iter()

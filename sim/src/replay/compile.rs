@@ -7,7 +7,7 @@ use moonagent_traces::schema::Request;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use super::{MissCost, ModelCost, ObjectSizes};
+use super::{MissCost, ModelCost, ObjectSizes, ReplayError};
 
 /// Never accessed again (offline policies' oracle value).
 pub const NEVER: u32 = u32::MAX;
@@ -139,7 +139,7 @@ impl Compiled {
         sizes: &ObjectSizes,
         cost: &dyn MissCost,
         include: Include,
-    ) -> Result<Self, String>
+    ) -> Result<Self, ReplayError>
     where
         I: IntoIterator<Item = Request>,
     {
@@ -149,15 +149,19 @@ impl Compiled {
             include,
             kv_full_blocks: false,
         };
-        Self::compile(reqs.into_iter().map(Ok::<_, String>), &opts, cost)
+        Self::compile(reqs.into_iter().map(Ok::<_, ReplayError>), &opts, cost)
     }
 
     /// Mooncake's FAST'25 JSONL trace at `path` (`moonagent repro mooncake-capacity`'s
     /// input): KV blocks only, every block 512 tokens x Qwen2.5-VL-7B's KV bytes per token,
     /// H200 miss costs.
-    pub fn mooncake_kv(path: &std::path::Path) -> Result<Self, String> {
-        let import = moonagent_traces::import::mooncake::MooncakeImport::open(path, None)
-            .map_err(|e| format!("opening Mooncake trace {}: {e}", path.display()))?;
+    pub fn mooncake_kv(path: &std::path::Path) -> Result<Self, ReplayError> {
+        let import = moonagent_traces::import::mooncake::MooncakeImport::open(path, None).map_err(
+            |source| ReplayError::Open {
+                path: path.to_path_buf(),
+                source,
+            },
+        )?;
         let opts = CompileOptions {
             block_size: import.header().block_size_tokens,
             sizes: ObjectSizes::default(),
@@ -167,8 +171,12 @@ impl Compiled {
             },
             kv_full_blocks: true,
         };
-        Self::compile(import, &opts, &ModelCost::qwen25_vl_7b_h200())
-            .map_err(|e| format!("{}: {e}", path.display()))
+        Self::compile(import, &opts, &ModelCost::qwen25_vl_7b_h200()).map_err(|e| {
+            ReplayError::File {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            }
+        })
     }
 
     /// Compile a stream of requests (a trace reader's `Result`s: the first error stops it,
@@ -177,17 +185,17 @@ impl Compiled {
         reqs: I,
         opts: &CompileOptions,
         cost: &dyn MissCost,
-    ) -> Result<Self, String>
+    ) -> Result<Self, ReplayError>
     where
         I: IntoIterator<Item = Result<Request, E>>,
-        E: std::fmt::Display,
+        E: Into<ReplayError>,
     {
         if opts.block_size == 0 {
-            return Err("block_size: expected at least 1 token per block".into());
+            return Err(ReplayError::BlockSize);
         }
         let mut c = Compiled::default();
         for r in reqs {
-            let r = r.map_err(|e| e.to_string())?;
+            let r = r.map_err(Into::into)?;
             c.add_request(&r, opts, cost)?;
         }
         c.fill_next();
@@ -200,8 +208,12 @@ impl Compiled {
         r: &Request,
         opts: &CompileOptions,
         cost: &dyn MissCost,
-    ) -> Result<(), String> {
+    ) -> Result<(), ReplayError> {
         self.requests += 1;
+        let in_request = |e| ReplayError::Request {
+            id: r.id,
+            source: Box::new(e),
+        };
         let sizes = &opts.sizes;
         if opts.include.images {
             for img in &r.images {
@@ -215,7 +227,7 @@ impl Compiled {
                     r.tenant,
                     0,
                 )
-                .map_err(|e| format!("request {}: {e}", r.id))?;
+                .map_err(in_request)?;
             }
         }
         if opts.include.kv {
@@ -240,7 +252,7 @@ impl Compiled {
                     r.tenant,
                     if i == 0 { FIRST_KV } else { 0 },
                 )
-                .map_err(|e| format!("request {}: {e}", r.id))?;
+                .map_err(in_request)?;
             }
         }
         Ok(())
@@ -257,22 +269,17 @@ impl Compiled {
         dtype: DataType,
         tenant: u32,
         flags: u8,
-    ) -> Result<(), String> {
+    ) -> Result<(), ReplayError> {
         if self.accesses.len() >= NEVER as usize - 1 {
-            return Err(format!(
-                "trace too long for one replay: more than {} accesses",
-                NEVER - 1
-            ));
+            return Err(ReplayError::TooLong { max: NEVER - 1 });
         }
-        let size = u32::try_from(bytes).map_err(|_| {
-            format!("object of {bytes} bytes is over the replay's 4 GiB object limit")
-        })?;
+        let size = u32::try_from(bytes).map_err(|_| ReplayError::ObjectTooLarge { bytes })?;
         if let Some(last) = self.accesses.last() {
             if time < last.time {
-                return Err(format!(
-                    "access at t={time} ns after one at t={} ns: a trace must be in arrival order",
-                    last.time
-                ));
+                return Err(ReplayError::OutOfOrder {
+                    time,
+                    last: last.time,
+                });
             }
         }
         self.accesses.push(Access {
@@ -324,11 +331,9 @@ impl Compiled {
         self.distinct = seen.len() as u32;
     }
 
-    pub(crate) fn check_filled(&self) -> Result<(), String> {
+    pub(crate) fn check_filled(&self) -> Result<(), ReplayError> {
         if self.objects.len() != self.accesses.len() {
-            return Err(
-                "compiled trace not finished: call Compiled::fill_next after the last push".into(),
-            );
+            return Err(ReplayError::NotFilled);
         }
         Ok(())
     }

@@ -1,8 +1,14 @@
 //! Miss penalties and object sizes: what a missed object costs to recompute ([`MissCost`]:
 //! the roofline [`ModelCost`] or fixed [`LinearCost`] constants) and how many bytes it takes.
 
-use moonagent_models::{CostModel, HardwareProfile, ModelSpec};
+use moonagent_models::{CostModel, HardwareProfile, ModelError, ModelSpec};
 use serde::{Deserialize, Serialize};
+
+use super::ReplayError;
+
+fn model_err(what: &'static str) -> impl Fn(ModelError) -> ReplayError {
+    move |source| ReplayError::Model { what, source }
+}
 
 /// Recompute cost of a missed object, in ns.
 pub trait MissCost: Sync {
@@ -23,10 +29,10 @@ pub struct ModelCost {
 
 impl ModelCost {
     /// Built-in hardware profile and model by name (`h200`, `qwen2.5-vl-7b`), tensor-parallel `tp`.
-    pub fn new(hardware: &str, model: &str, tp: u32) -> Result<Self, String> {
-        let hw = HardwareProfile::by_name(hardware).map_err(|e| format!("hardware: {e}"))?;
-        let spec = ModelSpec::by_name(model).map_err(|e| format!("model: {e}"))?;
-        let model = CostModel::new(&hw, &spec, tp).map_err(|e| format!("cost model: {e}"))?;
+    pub fn new(hardware: &str, model: &str, tp: u32) -> Result<Self, ReplayError> {
+        let hw = HardwareProfile::by_name(hardware).map_err(model_err("hardware"))?;
+        let spec = ModelSpec::by_name(model).map_err(model_err("model"))?;
+        let model = CostModel::new(&hw, &spec, tp).map_err(model_err("cost model"))?;
         Ok(Self { model })
     }
 
@@ -121,8 +127,8 @@ impl MissCost for LinearCost {
 pub use moonagent_traces::stats::ObjectSizes;
 
 /// The object sizes of a built-in model (`qwen2.5-vl-7b`, ...).
-pub fn sizes_for_model(model: &str) -> Result<ObjectSizes, String> {
-    let spec = ModelSpec::by_name(model).map_err(|e| format!("model: {e}"))?;
+pub fn sizes_for_model(model: &str) -> Result<ObjectSizes, ReplayError> {
+    let spec = ModelSpec::by_name(model).map_err(model_err("model"))?;
     Ok(ObjectSizes {
         kv_bytes_per_token: spec.kv_bytes_per_token(),
         encoder_bytes_per_visual_token: spec.encoder_output_bytes_per_token(),

@@ -44,6 +44,7 @@
 pub mod ablation;
 mod compile;
 mod costs;
+mod error;
 mod min_bound;
 mod names;
 pub mod oracle_general;
@@ -54,6 +55,7 @@ mod run;
 
 pub use compile::{Access, CompileOptions, Compiled, Include, FIRST_KV, NEVER, REUSE};
 pub use costs::{sizes_for_model, LinearCost, MissCost, ModelCost, ObjectSizes};
+pub use error::ReplayError;
 pub use min_bound::min_bound;
 pub use names::{policy_by_name, POLICY_NAMES};
 pub use oracle_general::OracleGeneralError;

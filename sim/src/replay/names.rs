@@ -1,6 +1,6 @@
 //! Policy names: the replay's view of the one registry, [`PolicyConfig::NAMES`].
 
-use moonagent_core::store::PolicyConfig;
+use moonagent_core::store::{PolicyConfig, PolicyNameError};
 
 /// Every policy name `PolicyConfig` knows, in its order (its own list,
 /// [`PolicyConfig::NAMES`]).
@@ -8,6 +8,6 @@ pub const POLICY_NAMES: [&str; PolicyConfig::NAMES.len()] = PolicyConfig::NAMES;
 
 /// A policy by name with default settings (`hierarchical` has no default tree: give it a
 /// config file): [`PolicyConfig::by_name`].
-pub fn policy_by_name(name: &str) -> Result<PolicyConfig, String> {
-    PolicyConfig::by_name(name).map_err(|e| e.to_string())
+pub fn policy_by_name(name: &str) -> Result<PolicyConfig, PolicyNameError> {
+    PolicyConfig::by_name(name)
 }

@@ -47,7 +47,8 @@ pub enum OracleGeneralError {
         /// Its byte offset.
         offset: usize,
         /// What is wrong.
-        reason: String,
+        #[source]
+        reason: Box<super::ReplayError>,
     },
 }
 
@@ -99,10 +100,7 @@ impl Compiled {
             return Err(OracleGeneralError::Record {
                 index: NEVER as usize - 1,
                 offset: (NEVER as usize - 1) * RECORD,
-                reason: format!(
-                    "trace too long for one replay: more than {} accesses",
-                    NEVER - 1
-                ),
+                reason: Box::new(super::ReplayError::TooLong { max: NEVER - 1 }),
             });
         }
         // Decoded straight into accesses: every check `push` makes holds by construction

@@ -30,7 +30,7 @@ use moonagent_core::store::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{count_lookup, hints, Compiled, LabelledPolicy, PolicyResult, TypeResult};
+use super::{count_lookup, hints, Compiled, LabelledPolicy, PolicyResult, ReplayError, TypeResult};
 
 /// What the plain model's capacity counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,7 +71,7 @@ struct PlainCache {
 }
 
 impl PlainCache {
-    fn evict_one(&mut self, now: u64) -> Result<(), String> {
+    fn evict_one(&mut self, now: u64) -> Result<(), ReplayError> {
         let req = EvictRequest {
             now,
             target: 1,
@@ -85,11 +85,10 @@ impl PlainCache {
         self.policy
             .select_victims(&req, &self.metas, &mut self.victims);
         if self.victims.is_empty() {
-            return Err(format!(
-                "policy {} planned no victim with {} objects resident",
-                self.policy.name(),
-                self.live
-            ));
+            return Err(ReplayError::NoVictim {
+                policy: self.policy.name().to_string(),
+                resident: self.live,
+            });
         }
         for k in 0..self.victims.len() {
             let s = self.victims[k].0;
@@ -121,15 +120,15 @@ pub fn replay_plain(
     compiled: &Compiled,
     cfg: &PlainConfig,
     lp: &LabelledPolicy,
-) -> Result<PolicyResult, String> {
+) -> Result<PolicyResult, ReplayError> {
     if cfg.capacity == 0 {
-        return Err("plain cache: capacity: expected > 0".into());
+        return Err(ReplayError::PlainCapacity);
     }
     compiled.check_filled()?;
-    let mut policy = lp
-        .policy
-        .build()
-        .map_err(|e| format!("policy {}: {e}", lp.label))?;
+    let mut policy = lp.policy.build().map_err(|source| ReplayError::Policy {
+        label: lp.label.clone(),
+        source,
+    })?;
     policy.on_capacity(cfg.capacity);
     let mut c = PlainCache {
         policy,
@@ -176,8 +175,11 @@ pub fn replay_plain(
             continue;
         }
         while c.used + weight > c.capacity {
-            c.evict_one(a.time)
-                .map_err(|e| format!("access {i} (t={}): {e}", a.time))?;
+            c.evict_one(a.time).map_err(|e| ReplayError::Access {
+                index: i,
+                time: a.time,
+                source: Box::new(e),
+            })?;
         }
         let meta = ObjectMeta {
             live: true,
@@ -228,6 +230,6 @@ pub fn replay_plain_grid(
     compiled: &Compiled,
     cfgs: &[PlainConfig],
     policies: &[LabelledPolicy],
-) -> Result<Vec<Vec<PolicyResult>>, String> {
+) -> Result<Vec<Vec<PolicyResult>>, ReplayError> {
     super::run::grid(cfgs, policies, |c, p| replay_plain(compiled, c, p), &|| {})
 }

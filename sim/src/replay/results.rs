@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use moonagent_core::store::{DataType, PolicyConfig, StoreStats};
+use moonagent_core::store::{DataType, PolicyConfig, PolicyNameError, StoreStats};
 use serde::{Deserialize, Serialize};
 
 use super::policy_by_name;
@@ -195,7 +195,7 @@ impl LabelledPolicy {
     }
 
     /// A policy by name with default settings, or an error listing the known names.
-    pub fn by_name(name: &str) -> Result<Self, String> {
+    pub fn by_name(name: &str) -> Result<Self, PolicyNameError> {
         let policy = policy_by_name(name)?;
         Ok(Self {
             label: name.to_string(),

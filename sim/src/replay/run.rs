@@ -9,7 +9,9 @@ use moonagent_core::store::{
 };
 use rayon::prelude::*;
 
-use super::{Access, Compiled, LabelledPolicy, PolicyResult, TypeResult, FIRST_KV, NEVER};
+use super::{
+    Access, Compiled, LabelledPolicy, PolicyResult, ReplayError, TypeResult, FIRST_KV, NEVER,
+};
 
 /// A run of accesses as the core's prefix-KV rule sees it: block `i` is `run[i]`, keyed
 /// by its dense object number, read and put with the access's hints.
@@ -53,13 +55,16 @@ pub fn replay_one(
     compiled: &Compiled,
     store_cfg: &MemStoreConfig,
     lp: &LabelledPolicy,
-) -> Result<PolicyResult, String> {
-    store_cfg
-        .validate()
-        .map_err(|e| format!("store config: {e}"))?;
+) -> Result<PolicyResult, ReplayError> {
+    store_cfg.validate().map_err(ReplayError::StoreConfig)?;
     compiled.check_filled()?;
-    let store: MemStore<u32> = MemStore::with_policy(store_cfg.clone(), &lp.policy)
-        .map_err(|e| format!("policy {}: {e}", lp.label))?;
+    let store: MemStore<u32> =
+        MemStore::with_policy(store_cfg.clone(), &lp.policy).map_err(|source| {
+            ReplayError::Policy {
+                label: lp.label.clone(),
+                source,
+            }
+        })?;
     let mut run = Run {
         store,
         objects: &compiled.objects,
@@ -127,8 +132,17 @@ pub(crate) fn count_lookup(r: &mut TypeResult, a: &Access, hit: bool) {
     }
 }
 
+fn store_err(op: &'static str, a: &Access, source: StoreError) -> ReplayError {
+    ReplayError::Store {
+        op,
+        time: a.time,
+        id: a.id,
+        source,
+    }
+}
+
 impl Run<'_> {
-    fn put(&mut self, i: usize, a: &Access) -> Result<(), String> {
+    fn put(&mut self, i: usize, a: &Access) -> Result<(), ReplayError> {
         let mut one = Blocks {
             store: &mut self.store,
             objects: self.objects,
@@ -142,19 +156,19 @@ impl Run<'_> {
             Ok(Publish::Stored) => r.puts += 1,
             Ok(Publish::NoSpace) => r.puts_no_space += 1,
             Ok(Publish::Exists) => r.puts_exists += 1,
-            Err(e) => return Err(format!("put at t={} of object {}: {e}", a.time, a.id)),
+            Err(source) => return Err(store_err("put", a, source)),
         }
         Ok(())
     }
 
-    fn get_or_put(&mut self, i: usize, a: &Access) -> Result<(), String> {
+    fn get_or_put(&mut self, i: usize, a: &Access) -> Result<(), ReplayError> {
         let hit = match self
             .store
             .get_size_with(a.time, &self.objects[i], Some(hints(a)))
         {
             Ok(_) => true,
             Err(StoreError::NotFound | StoreError::NotReady) => false,
-            Err(e) => return Err(format!("get at t={} of object {}: {e}", a.time, a.id)),
+            Err(source) => return Err(store_err("get", a, source)),
         };
         count_lookup(&mut self.by[a.dtype as usize], a, hit);
         if !hit {
@@ -164,7 +178,7 @@ impl Run<'_> {
     }
 
     /// One request's prefix lookup; `first` is the index of `run[0]` in the trace.
-    fn kv_lookup(&mut self, first: usize, run: &[Access]) -> Result<(), String> {
+    fn kv_lookup(&mut self, first: usize, run: &[Access]) -> Result<(), ReplayError> {
         let mut blocks = Blocks {
             store: &mut self.store,
             objects: self.objects,
@@ -175,7 +189,10 @@ impl Run<'_> {
         kv_prefix::lookup(&mut blocks, run.len(), &mut self.missing, |k, hit| {
             count_lookup(&mut by[run[k].dtype as usize], &run[k], hit)
         })
-        .map_err(|e| format!("exists at t={}: {e}", run[0].time))?;
+        .map_err(|source| ReplayError::Exists {
+            time: run[0].time,
+            source,
+        })?;
         for n in 0..self.missing.len() {
             let k = self.missing[n];
             self.put(first + k, &run[k])?;
@@ -190,7 +207,7 @@ pub fn replay_all(
     compiled: &Compiled,
     store_cfg: &MemStoreConfig,
     policies: &[LabelledPolicy],
-) -> Result<Vec<PolicyResult>, String> {
+) -> Result<Vec<PolicyResult>, ReplayError> {
     policies
         .par_iter()
         .map(|lp| replay_one(compiled, store_cfg, lp))
@@ -203,7 +220,7 @@ pub fn replay_grid(
     compiled: &Compiled,
     store_cfgs: &[MemStoreConfig],
     policies: &[LabelledPolicy],
-) -> Result<Vec<Vec<PolicyResult>>, String> {
+) -> Result<Vec<Vec<PolicyResult>>, ReplayError> {
     grid(
         store_cfgs,
         policies,
@@ -218,9 +235,9 @@ pub fn replay_grid(
 pub fn grid<C: Sync>(
     cfgs: &[C],
     policies: &[LabelledPolicy],
-    one: impl Fn(&C, &LabelledPolicy) -> Result<PolicyResult, String> + Sync,
+    one: impl Fn(&C, &LabelledPolicy) -> Result<PolicyResult, ReplayError> + Sync,
     on_done: &(dyn Fn() + Sync),
-) -> Result<Vec<Vec<PolicyResult>>, String> {
+) -> Result<Vec<Vec<PolicyResult>>, ReplayError> {
     let pairs: Vec<(usize, usize)> = (0..cfgs.len())
         .flat_map(|s| (0..policies.len()).map(move |p| (s, p)))
         .collect();

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use moonagent_core::store::{MemStoreConfig, PolicyConfig};
 use moonagent_traces::gen::{Generated, GeneratorKind};
@@ -11,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::plan::{canonical_json, hash128, hash_file, Kind, Plan, Prepared};
-use super::{Result, SweepError};
+use super::{PlanError, Result, SweepError};
 use crate::des::{SimConfig, Simulation};
 use crate::replay::{Include, LinearCost, ObjectSizes};
 
@@ -44,29 +45,36 @@ impl Workload {
         })
     }
 
-    fn check(&self, base_dir: &Path, seeds: &[u64]) -> Result<(), String> {
+    fn check(&self, base_dir: &Path, seeds: &[u64]) -> Result<(), PlanError> {
         match (&self.generator, &self.trace) {
-            (Some(kind), None) => {
-                Generated::new(*kind, self.config.as_ref(), &[], seeds[0])
-                    .map(|_| ())
-                    .map_err(|e| format!("workload.{e}"))
-            }
+            (Some(kind), None) => Generated::new(*kind, self.config.as_ref(), &[], seeds[0])
+                .map(|_| ())
+                .map_err(PlanError::Generator),
             (None, Some(_)) => {
                 if self.config.is_some() {
-                    return Err("workload.config: only a generator takes a config".into());
+                    return Err(PlanError::field(
+                        "workload.config",
+                        "only a generator takes a config",
+                    ));
                 }
                 if seeds.len() > 1 {
-                    return Err(format!(
-                        "workload.trace: a trace file is fixed, so {} seeds would repeat one run; use seeds = 1",
-                        seeds.len()
+                    return Err(PlanError::field(
+                        "workload.trace",
+                        format!(
+                            "a trace file is fixed, so {} seeds would repeat one run; use seeds = 1",
+                            seeds.len()
+                        ),
                     ));
                 }
                 let p = self.trace_path(base_dir).expect("trace is set");
                 moonagent_traces::TraceReader::open(&p)
                     .map(|_| ())
-                    .map_err(|e| format!("workload.trace: {e}"))
+                    .map_err(PlanError::TraceFile)
             }
-            _ => Err("workload: expected exactly one of `generator` (with an optional `config`) or `trace`".into()),
+            _ => Err(PlanError::field(
+                "workload",
+                "expected exactly one of `generator` (with an optional `config`) or `trace`",
+            )),
         }
     }
 }
@@ -90,8 +98,10 @@ pub enum Capacity {
 pub(crate) use crate::capacity::CapacitySpec;
 
 impl Capacity {
-    pub(crate) fn spec(&self) -> Result<CapacitySpec, String> {
-        let bad = |s: &dyn std::fmt::Display| format!("capacity {s}: expected a positive size");
+    pub(crate) fn spec(&self) -> Result<CapacitySpec, PlanError> {
+        let bad = |s: &dyn std::fmt::Display| {
+            PlanError::field(format!("capacity {s}"), "expected a positive size")
+        };
         match self {
             Capacity::Bytes(0) => Err(bad(&0)),
             Capacity::Bytes(b) => Ok(CapacitySpec::Bytes(*b)),
@@ -99,19 +109,19 @@ impl Capacity {
                 Ok(CapacitySpec::Bytes(f.round() as u64))
             }
             Capacity::Float(f) => Err(bad(f)),
-            Capacity::Text(s) => CapacitySpec::parse(s).map_err(|e| e.to_string()),
+            Capacity::Text(s) => Ok(CapacitySpec::parse(s)?),
         }
     }
 }
 
 /// Resolve an optional capacity against the trace's unique bytes (for percentages).
-pub(crate) fn resolve_capacity(c: &Option<Capacity>, unique: u64) -> Result<Option<u64>, String> {
+pub(crate) fn resolve_capacity(
+    c: &Option<Capacity>,
+    unique: u64,
+) -> Result<Option<u64>, PlanError> {
     match c.as_ref().map(Capacity::spec).transpose()? {
         None => Ok(None),
-        Some(spec) => spec
-            .resolve(Some(unique), "")
-            .map(Some)
-            .map_err(|e| e.to_string()),
+        Some(spec) => Ok(Some(spec.resolve(Some(unique), "")?)),
     }
 }
 
@@ -158,8 +168,8 @@ pub struct ReplayRun {
 /// Checks already done, by canonical JSON of what they depend on.
 #[derive(Default)]
 struct Memo {
-    workloads: BTreeMap<String, Result<(), String>>,
-    clusters: BTreeMap<String, Result<(), String>>,
+    workloads: BTreeMap<String, Result<(), Arc<PlanError>>>,
+    clusters: BTreeMap<String, Result<(), Arc<PlanError>>>,
 }
 
 /// One point's typed configuration.
@@ -171,15 +181,18 @@ pub enum RunConfig {
     Replay(ReplayRun),
 }
 
-fn typed<T: DeserializeOwned>(v: Value, prefix: &str) -> Result<T, String> {
+fn typed<T: DeserializeOwned>(v: Value, prefix: &str) -> Result<T, PlanError> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        match (prefix.is_empty(), path == ".") {
-            (true, true) => inner.to_string(),
-            (true, false) => format!("{path}: {inner}"),
-            (false, true) => format!("{prefix}: {inner}"),
-            (false, false) => format!("{prefix}.{path}: {inner}"),
+        let at = match (prefix.is_empty(), path == ".") {
+            (true, true) => String::new(),
+            (true, false) => path,
+            (false, true) => prefix.to_string(),
+            (false, false) => format!("{prefix}.{path}"),
+        };
+        PlanError::Deserialize {
+            at,
+            source: e.into_inner(),
         }
     })
 }
@@ -187,15 +200,18 @@ fn typed<T: DeserializeOwned>(v: Value, prefix: &str) -> Result<T, String> {
 impl RunConfig {
     /// Build the typed configuration of `kind` from a JSON object (the base with a point's
     /// axis values set); the error names the field path.
-    pub fn from_value(kind: Kind, v: Value) -> Result<Self, String> {
+    pub fn from_value(kind: Kind, v: Value) -> Result<Self, PlanError> {
         match kind {
             Kind::Simulate => {
                 let Value::Object(mut m) = v else {
-                    return Err("[base] must be a table".into());
+                    return Err(PlanError::Rule("[base] must be a table".into()));
                 };
-                let workload = m
-                    .remove("workload")
-                    .ok_or("workload: missing ([base.workload] with a generator or a trace)")?;
+                let workload = m.remove("workload").ok_or_else(|| {
+                    PlanError::field(
+                        "workload",
+                        "missing ([base.workload] with a generator or a trace)",
+                    )
+                })?;
                 let workload: Workload = typed(workload, "workload")?;
                 let capacity = m
                     .remove("capacity")
@@ -228,13 +244,14 @@ impl RunConfig {
     }
 
     /// Every check that does not need the trace.
-    fn check(&self, base_dir: &Path, seeds: &[u64], memo: &mut Memo) -> Result<(), String> {
+    fn check(&self, base_dir: &Path, seeds: &[u64], memo: &mut Memo) -> Result<(), PlanError> {
         let w = self.workload();
         let key = canonical_json(&serde_json::to_value(w).unwrap_or(Value::Null));
         memo.workloads
             .entry(key)
-            .or_insert_with(|| w.check(base_dir, seeds))
-            .clone()?;
+            .or_insert_with(|| w.check(base_dir, seeds).map_err(Arc::new))
+            .clone()
+            .map_err(PlanError::Shared)?;
         let cap = match self.capacity().as_ref().map(Capacity::spec).transpose()? {
             Some(CapacitySpec::Bytes(b)) => Some(b),
             _ => None,
@@ -249,7 +266,7 @@ impl RunConfig {
                 // and sizes the KV pools, exactly as a run will; it takes ~1 ms (the pools),
                 // so it runs once per cluster shape. Store and policy, which points vary
                 // most, are checked for every point by `validate`.
-                sim.validate().map_err(|e| e.to_string())?;
+                sim.validate()?;
                 let mut shape = serde_json::to_value(&sim).unwrap_or(Value::Null);
                 if let Value::Object(m) = &mut shape {
                     m.remove("store");
@@ -260,19 +277,23 @@ impl RunConfig {
                     .or_insert_with(|| {
                         Simulation::new(&sim, &[], 16)
                             .map(|_| ())
-                            .map_err(|e| e.to_string())
+                            .map_err(|e| Arc::new(e.into()))
                     })
                     .clone()
+                    .map_err(PlanError::Shared)
             }
             RunConfig::Replay(r) => {
                 let mut store = r.store.clone();
                 if let Some(b) = cap {
                     store.capacity_bytes = b;
                 }
-                store.validate().map_err(|e| format!("store.{e}"))?;
-                r.policy.validate().map_err(|e| format!("policy: {e}"))?;
+                store.validate().map_err(PlanError::Store)?;
+                r.policy.validate().map_err(PlanError::Policy)?;
                 if !(r.include.images || r.include.kv) {
-                    return Err("include: at least one of images and kv must be true".into());
+                    return Err(PlanError::field(
+                        "include",
+                        "at least one of images and kv must be true",
+                    ));
                 }
                 Ok(())
             }
@@ -287,7 +308,7 @@ impl Plan {
     /// trace files it reads.
     pub fn prepare(&self) -> Result<Prepared> {
         let mut memo = Memo::default();
-        let mut build = |v: Value| -> Result<RunConfig, String> {
+        let mut build = |v: Value| -> Result<RunConfig, PlanError> {
             let cfg = RunConfig::from_value(self.kind, v)?;
             cfg.check(&self.base_dir, &self.seeds, &mut memo)?;
             Ok(cfg)
@@ -313,7 +334,7 @@ impl Plan {
                                     name: axis.name.clone(),
                                     path: axis.path.clone(),
                                     value: format!(" = {}", canonical_json(&axis.values[k])),
-                                    msg,
+                                    msg: Box::new(msg),
                                 });
                             }
                         }
@@ -321,7 +342,7 @@ impl Plan {
                     return Err(SweepError::Point {
                         index: p.index,
                         desc: self.describe(p),
-                        msg,
+                        msg: Box::new(msg),
                     });
                 }
             };
@@ -380,19 +401,26 @@ mod tests {
             "workload": {"generator": "w3"},
             "policy": {"policy": "type-aware", "types": {"encoder_output": {"reuse_scale": "big"}}}
         });
-        let e = RunConfig::from_value(Kind::Replay, v).unwrap_err();
+        let e = RunConfig::from_value(Kind::Replay, v)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("reuse_scale") || e.contains("policy"), "{e}");
         let v =
             serde_json::json!({"workload": {"generator": "w3"}, "store": {"capacity_bites": 1}});
-        let e = RunConfig::from_value(Kind::Replay, v).unwrap_err();
+        let e = RunConfig::from_value(Kind::Replay, v)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("store"), "{e}");
         assert!(e.contains("capacity_bites"), "{e}");
         let v = serde_json::json!({"workload": {"generator": "w3"}, "encoders": "two"});
-        let e = RunConfig::from_value(Kind::Simulate, v).unwrap_err();
+        let e = RunConfig::from_value(Kind::Simulate, v)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("encoders"), "{e}");
         let v = serde_json::json!({"encoders": 2});
         assert!(RunConfig::from_value(Kind::Simulate, v)
             .unwrap_err()
+            .to_string()
             .contains("workload"));
     }
 }

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use super::config::{resolve_capacity, Capacity, RunConfig, Workload};
 use super::metrics::{replay_metrics, sim_metrics, MetricValue, TraceFacts};
 use super::plan::canonical_json;
+use super::PlanError;
 use crate::des::simulate;
 use crate::replay::{replay_one, Compiled, Include, LabelledPolicy, LinearCost, ObjectSizes};
 
@@ -29,7 +30,7 @@ pub(crate) enum Loaded {
     Compiled { c: Compiled, facts: TraceFacts },
 }
 
-type Slot = Arc<OnceLock<Result<Arc<Loaded>, String>>>;
+type Slot = Arc<OnceLock<Result<Arc<Loaded>, Arc<PlanError>>>>;
 
 /// Traces shared between runs, keyed by everything that shapes them.
 pub(crate) struct Inputs {
@@ -101,8 +102,8 @@ impl Inputs {
     fn get(
         &self,
         key: &str,
-        load: impl FnOnce() -> Result<Loaded, String>,
-    ) -> Result<Arc<Loaded>, String> {
+        load: impl FnOnce() -> Result<Loaded, PlanError>,
+    ) -> Result<Arc<Loaded>, PlanError> {
         let slot = self
             .slots
             .lock()
@@ -111,29 +112,28 @@ impl Inputs {
             .or_default()
             .clone();
         // Other runs needing the same trace wait here while the first one builds it.
-        slot.get_or_init(|| load().map(Arc::new)).clone()
+        slot.get_or_init(|| load().map(Arc::new).map_err(Arc::new))
+            .clone()
+            .map_err(PlanError::Shared)
     }
 }
 
-fn requests(w: &Workload, seed: u64, base_dir: &Path) -> Result<(Vec<Request>, u32), String> {
+fn requests(w: &Workload, seed: u64, base_dir: &Path) -> Result<(Vec<Request>, u32), PlanError> {
     if let Some(kind) = w.generator {
-        let g = Generated::new(kind, w.config.as_ref(), &[], seed)
-            .map_err(|e| format!("workload.{e}"))?;
+        let g = Generated::new(kind, w.config.as_ref(), &[], seed).map_err(PlanError::Generator)?;
         let block = g.header.block_size_tokens;
         let reqs = g
             .requests
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("workload: {e}"))?;
+            .map_err(PlanError::Workload)?;
         Ok((reqs, block))
     } else {
         let path = w
             .trace_path(base_dir)
-            .ok_or("workload: no generator and no trace")?;
-        let r = moonagent_traces::TraceReader::open(&path).map_err(|e| e.to_string())?;
+            .ok_or_else(|| PlanError::field("workload", "no generator and no trace"))?;
+        let r = moonagent_traces::TraceReader::open(&path)?;
         let block = r.header().block_size_tokens;
-        let reqs = r
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?;
+        let reqs = r.collect::<Result<Vec<_>, _>>()?;
         Ok((reqs, block))
     }
 }
@@ -148,15 +148,14 @@ pub(crate) fn run_one(
     seed: u64,
     key: &str,
     inputs: &Inputs,
-) -> Result<Vec<(String, MetricValue)>, String> {
+) -> Result<Vec<(String, MetricValue)>, PlanError> {
     let base_dir = inputs.base_dir.clone();
     match cfg {
         RunConfig::Simulate(s) => {
             let loaded = inputs.get(key, || {
                 let (reqs, block) = requests(&s.workload, seed, &base_dir)?;
                 let unique = if is_share(&s.capacity) {
-                    let spec =
-                        ModelSpec::by_name(&s.sim.model).map_err(|e| format!("model: {e}"))?;
+                    let spec = ModelSpec::by_name(&s.sim.model).map_err(PlanError::Model)?;
                     let sizes = ObjectSizes {
                         kv_bytes_per_token: spec.kv_bytes_per_token(),
                         encoder_bytes_per_visual_token: spec.encoder_output_bytes_per_token(),
@@ -184,13 +183,15 @@ pub(crate) fn run_one(
                 unique,
             } = &*loaded
             else {
-                return Err("internal: trace cache holds a compiled trace for a simulation".into());
+                return Err(PlanError::Internal(
+                    "trace cache holds a compiled trace for a simulation".into(),
+                ));
             };
             let mut sim = s.sim.clone();
             if let Some(b) = resolve_capacity(&s.capacity, *unique)? {
                 sim.store.capacity_bytes = b;
             }
-            let (summary, _) = simulate(&sim, reqs, *block).map_err(|e| e.to_string())?;
+            let (summary, _) = simulate(&sim, reqs, *block)?;
             Ok(sim_metrics(&summary))
         }
         RunConfig::Replay(r) => {
@@ -209,7 +210,9 @@ pub(crate) fn run_one(
                 Ok(Loaded::Compiled { c, facts })
             })?;
             let Loaded::Compiled { c, facts } = &*loaded else {
-                return Err("internal: trace cache holds requests for a replay".into());
+                return Err(PlanError::Internal(
+                    "trace cache holds requests for a replay".into(),
+                ));
             };
             let mut store = r.store.clone();
             if let Some(b) = resolve_capacity(&r.capacity, unique_total(c))? {

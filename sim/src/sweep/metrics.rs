@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::plan::Kind;
+use super::PlanError;
 use crate::des::Summary;
 use crate::replay::{PolicyResult, TypeResult};
 
@@ -210,7 +211,7 @@ pub fn schema(kind: Kind) -> Vec<(String, MetricType)> {
 /// Resolve a plan's `metrics` list against `kind`'s schema: exact names, or patterns
 /// ending in `*` (`encoder_output.*`, `ttft_ms.*`). Empty keeps every metric. The order is
 /// the list's (a pattern's matches in schema order), without repeats.
-pub fn select(kind: Kind, wanted: &[String]) -> Result<Vec<String>, String> {
+pub fn select(kind: Kind, wanted: &[String]) -> Result<Vec<String>, PlanError> {
     let all = schema(kind);
     if wanted.is_empty() {
         return Ok(all.into_iter().map(|(n, _)| n).collect());
@@ -233,21 +234,24 @@ pub fn select(kind: Kind, wanted: &[String]) -> Result<Vec<String>, String> {
                 .filter(|n| !stem.is_empty() && n.starts_with(stem))
                 .take(12)
                 .collect();
-            return Err(format!(
-                "metrics: no {} metric matches {w:?}{}",
-                kind.name(),
-                if near.is_empty() {
-                    format!(
-                        " (known: {}, ...)",
-                        all.iter()
-                            .take(12)
-                            .map(|(n, _)| n.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                } else {
-                    format!(" (did you mean one of {}?)", near.join(", "))
-                }
+            return Err(PlanError::field(
+                "metrics",
+                format!(
+                    "no {} metric matches {w:?}{}",
+                    kind.name(),
+                    if near.is_empty() {
+                        format!(
+                            " (known: {}, ...)",
+                            all.iter()
+                                .take(12)
+                                .map(|(n, _)| n.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    } else {
+                        format!(" (did you mean one of {}?)", near.join(", "))
+                    }
+                ),
             ));
         }
         for m in matches {
@@ -295,7 +299,9 @@ mod tests {
         assert_eq!(m[0], "ttft_ms.p95");
         assert_eq!(m[1], "encoder_gpu_s");
         assert_eq!(m.len(), 2 + 3);
-        let e = select(Kind::Simulate, &["ttft_ms.p96".into()]).unwrap_err();
+        let e = select(Kind::Simulate, &["ttft_ms.p96".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ttft_ms.p95"), "{e}");
         let all = select(Kind::Replay, &[]).unwrap();
         assert!(all.contains(&"encoder_output.hit_rate".to_string()));

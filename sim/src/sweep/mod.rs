@@ -61,7 +61,7 @@ pub use table::{SummaryRow, RESULTS_FILE, SUMMARY_FILE};
 pub enum SweepError {
     /// The plan file itself: syntax, missing or unknown keys, bad ranges, bad seeds.
     #[error("plan: {0}")]
-    Plan(String),
+    Plan(PlanError),
     /// One axis value cannot be applied or does not make a valid configuration.
     #[error("axis {axis} `{name}` (path {path}){value}: {msg}")]
     Axis {
@@ -74,7 +74,7 @@ pub enum SweepError {
         /// ` = <value>` when one value is at fault, empty otherwise.
         value: String,
         /// What is wrong.
-        msg: String,
+        msg: Box<PlanError>,
     },
     /// A combination of axis values does not make a valid configuration.
     #[error("point {index} ({desc}): {msg}")]
@@ -84,10 +84,10 @@ pub enum SweepError {
         /// Its axis values, `name=value, ...`.
         desc: String,
         /// What is wrong.
-        msg: String,
+        msg: Box<PlanError>,
     },
     /// A run failed while executing.
-    #[error("run of point {index} seed {seed} ({desc}): {msg}")]
+    #[error("run of point {index} seed {seed} ({desc}): {msg}{note}")]
     Run {
         /// Point index.
         index: u32,
@@ -96,7 +96,9 @@ pub enum SweepError {
         /// Its axis values.
         desc: String,
         /// What failed.
-        msg: String,
+        msg: Box<PlanError>,
+        /// What became of the other runs (empty, or `; the finished runs are kept ...`).
+        note: String,
     },
     /// A file could not be read or written.
     #[error("{}: {source}", path.display())]
@@ -116,6 +118,119 @@ impl SweepError {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
         move |source| SweepError::Io { path, source }
+    }
+}
+
+/// What is wrong with a plan's value, one point's configuration or the inputs of one run;
+/// [`SweepError`] says where (the plan, an axis, a point, a run). The causes (the trace
+/// reader's, the simulator's, the replay's, a parser's) are kept as sources.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// A field is missing, of the wrong type or out of range.
+    #[error("{field}: {what}")]
+    Field {
+        /// The field's path (`seeds`, `range.step`, `workload.config`, `--set axis.0`).
+        field: String,
+        /// What was expected, and what was found.
+        what: String,
+    },
+    /// A rule of the plan format that no single field breaks (an axis's name or path
+    /// clashing with another's, two equal points): what is wrong and what was expected.
+    #[error("{0}")]
+    Rule(String),
+    /// A config path runs through a value that is not a table.
+    #[error("`{path}` is {found}, not a table, so it has no field `{field}`")]
+    NotATable {
+        /// The path up to the value.
+        path: String,
+        /// The value's type (`a number`, ...).
+        found: &'static str,
+        /// The field the path asks of it.
+        field: String,
+    },
+    /// A computed value JSON cannot hold.
+    #[error("value {0} is not a finite number")]
+    NotFinite(f64),
+    /// The plan text is not valid TOML (the parser's message has the line and column).
+    #[error(transparent)]
+    Toml(#[from] toml::de::Error),
+    /// The plan with its `--set` overrides applied cannot be written back as TOML.
+    #[error(transparent)]
+    TomlWrite(#[from] toml::ser::Error),
+    /// A configuration value does not have the configuration's shape; `at` is the field's
+    /// path (empty when the whole value is at fault).
+    #[error("{}{source}", field_prefix(at))]
+    Deserialize {
+        /// The field's path.
+        at: String,
+        /// serde's message.
+        source: serde_json::Error,
+    },
+    /// The workload's generator refused its settings.
+    #[error("workload.{0}")]
+    Generator(#[source] moonagent_traces::TraceError),
+    /// The workload's trace file cannot be opened.
+    #[error("workload.trace: {0}")]
+    TraceFile(#[source] moonagent_traces::TraceError),
+    /// Generating the workload's requests failed.
+    #[error("workload: {0}")]
+    Workload(#[source] moonagent_traces::TraceError),
+    /// Reading the workload's trace failed.
+    #[error(transparent)]
+    Trace(#[from] moonagent_traces::TraceError),
+    /// A capacity that is not a size or a share.
+    #[error(transparent)]
+    Capacity(#[from] crate::capacity::CapacityError),
+    /// The store settings.
+    #[error("store.{0}")]
+    Store(#[source] moonagent_core::store::ConfigError),
+    /// The policy settings.
+    #[error("policy: {0}")]
+    Policy(#[source] moonagent_core::store::ConfigError),
+    /// The model name.
+    #[error("model: {0}")]
+    Model(#[source] moonagent_models::ModelError),
+    /// The simulator refused the configuration, or failed.
+    #[error(transparent)]
+    Sim(#[from] crate::des::SimError),
+    /// The replay failed.
+    #[error(transparent)]
+    Replay(#[from] crate::replay::ReplayError),
+    /// A run panicked.
+    #[error("panicked: {0}")]
+    Panic(String),
+    /// A broken assumption of the sweep's own code.
+    #[error("internal: {0}")]
+    Internal(String),
+    /// An error found once and shared by every point or run it concerns (a workload's
+    /// check, a trace loaded for several runs).
+    #[error(transparent)]
+    Shared(std::sync::Arc<PlanError>),
+    /// An error in a plan file.
+    #[error("{}: {source}", path.display())]
+    File {
+        /// The plan file.
+        path: PathBuf,
+        /// What is wrong in it.
+        source: Box<PlanError>,
+    },
+}
+
+impl PlanError {
+    /// A field error.
+    pub fn field(field: impl Into<String>, what: impl Into<String>) -> Self {
+        PlanError::Field {
+            field: field.into(),
+            what: what.into(),
+        }
+    }
+}
+
+fn field_prefix(at: &str) -> String {
+    if at.is_empty() {
+        String::new()
+    } else {
+        format!("{at}: ")
     }
 }
 

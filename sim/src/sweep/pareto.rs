@@ -6,7 +6,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use super::table::read_results;
-use super::{Result, SweepError};
+use super::{PlanError, Result, SweepError};
 
 /// A metric to minimise (default) or maximise: `ttft_ms.p95`, `throughput_rps:max`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,16 +18,21 @@ pub struct Objective {
 }
 
 impl FromStr for Objective {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self, PlanError> {
         let (metric, maximize) = match s.rsplit_once(':') {
             Some((m, "max")) => (m, true),
             Some((m, "min")) => (m, false),
-            Some((_, d)) => return Err(format!("{s:?}: direction {d:?}; expected :min or :max")),
+            Some((_, d)) => {
+                return Err(PlanError::field(
+                    format!("{s:?}"),
+                    format!("direction {d:?}; expected :min or :max"),
+                ))
+            }
             None => (s, false),
         };
         if metric.trim().is_empty() {
-            return Err(format!("{s:?}: expected a metric name"));
+            return Err(PlanError::field(format!("{s:?}"), "expected a metric name"));
         }
         Ok(Objective {
             metric: metric.trim().to_string(),
@@ -72,15 +77,21 @@ pub struct Constraint {
 }
 
 impl FromStr for Constraint {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self, PlanError> {
         for (tok, op) in [("<=", Op::Le), (">=", Op::Ge), ("<", Op::Lt), (">", Op::Gt)] {
             if let Some((m, v)) = s.split_once(tok) {
                 let value: f64 = v.trim().parse().map_err(|_| {
-                    format!("{s:?}: expected a number after {tok}, found {:?}", v.trim())
+                    PlanError::field(
+                        format!("{s:?}"),
+                        format!("expected a number after {tok}, found {:?}", v.trim()),
+                    )
                 })?;
                 if m.trim().is_empty() {
-                    return Err(format!("{s:?}: expected a metric before {tok}"));
+                    return Err(PlanError::field(
+                        format!("{s:?}"),
+                        format!("expected a metric before {tok}"),
+                    ));
                 }
                 return Ok(Constraint {
                     metric: m.trim().to_string(),
@@ -89,8 +100,9 @@ impl FromStr for Constraint {
                 });
             }
         }
-        Err(format!(
-            "{s:?}: expected metric<=value (or <, >=, >), e.g. ttft_ms.p95<=2000"
+        Err(PlanError::field(
+            format!("{s:?}"),
+            "expected metric<=value (or <, >=, >), e.g. ttft_ms.p95<=2000",
         ))
     }
 }

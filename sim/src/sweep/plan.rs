@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::metrics;
-use super::{Result, SweepError};
+use super::{PlanError, Result, SweepError};
 
 /// Format version of plan hashes, point files and tables.
 pub const FORMAT: u32 = 1;
@@ -196,37 +196,43 @@ impl Plan {
     /// `base.workload.config.sessions=50` or `axis.0.values=[1,2]`), parse and expand it.
     pub fn from_file(path: &Path, overrides: &[(String, String)]) -> Result<Plan> {
         let text = std::fs::read_to_string(path).map_err(SweepError::io(path))?;
-        let text = apply_overrides(&text, overrides)
-            .map_err(|e| SweepError::Plan(format!("{}: {e}", path.display())))?;
+        let in_file = |e: PlanError| {
+            SweepError::Plan(PlanError::File {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            })
+        };
+        let text = apply_overrides(&text, overrides).map_err(in_file)?;
         let dir = path
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."));
         Plan::parse(&text, &dir).map_err(|e| match e {
-            SweepError::Plan(m) => SweepError::Plan(format!("{}: {m}", path.display())),
+            SweepError::Plan(e) => in_file(e),
             other => other,
         })
     }
 
     /// Parse and expand plan text; relative trace paths resolve against `base_dir`.
     pub fn parse(text: &str, base_dir: &Path) -> Result<Plan> {
-        let f: PlanFile = toml::from_str(text).map_err(|e| SweepError::Plan(e.to_string()))?;
+        let f: PlanFile = toml::from_str(text).map_err(|e| SweepError::Plan(PlanError::Toml(e)))?;
         if !f.base.is_object() {
-            return Err(SweepError::Plan("[base] must be a table".into()));
+            return Err(SweepError::Plan(PlanError::Rule(
+                "[base] must be a table".into(),
+            )));
         }
+        let seeds_err = |what: String| SweepError::Plan(PlanError::field("seeds", what));
         let seeds = match f.seeds {
             None => vec![1],
-            Some(SeedsFile::Count(0)) => {
-                return Err(SweepError::Plan("seeds: expected at least 1".into()))
-            }
+            Some(SeedsFile::Count(0)) => return Err(seeds_err("expected at least 1".into())),
             Some(SeedsFile::Count(n)) => (1..=n).collect(),
             Some(SeedsFile::List(mut v)) => {
                 if v.is_empty() {
-                    return Err(SweepError::Plan("seeds: expected at least one seed".into()));
+                    return Err(seeds_err("expected at least one seed".into()));
                 }
                 v.sort_unstable();
                 if let Some(w) = v.windows(2).find(|w| w[0] == w[1]) {
-                    return Err(SweepError::Plan(format!("seeds: {} is listed twice", w[0])));
+                    return Err(seeds_err(format!("{} is listed twice", w[0])));
                 }
                 v
             }
@@ -236,13 +242,15 @@ impl Plan {
         let mut axes = Vec::new();
         let mut groups: Vec<Option<String>> = Vec::new();
         for (i, a) in f.axis.into_iter().enumerate() {
-            let axis_err = |name: &str, path: &str, msg: String| SweepError::Axis {
+            let axis_fault = |name: &str, path: &str, msg: PlanError| SweepError::Axis {
                 axis: i + 1,
                 name: name.to_string(),
                 path: path.to_string(),
                 value: String::new(),
-                msg,
+                msg: Box::new(msg),
             };
+            let axis_err =
+                |name: &str, path: &str, msg: String| axis_fault(name, path, PlanError::Rule(msg));
             let path = a.path.trim().to_string();
             let name = a.name.clone().unwrap_or_else(|| path.clone());
             let segments: Vec<String> = path.split('.').map(str::to_string).collect();
@@ -262,8 +270,10 @@ impl Plan {
             }
             let values = match (a.values, a.range, a.log_range) {
                 (Some(v), None, None) => v,
-                (None, Some(r), None) => linear_range(&r).map_err(|m| axis_err(&name, &path, m))?,
-                (None, None, Some(r)) => log_range(&r).map_err(|m| axis_err(&name, &path, m))?,
+                (None, Some(r), None) => {
+                    linear_range(&r).map_err(|m| axis_fault(&name, &path, m))?
+                }
+                (None, None, Some(r)) => log_range(&r).map_err(|m| axis_fault(&name, &path, m))?,
                 _ => {
                     return Err(axis_err(
                         &name,
@@ -370,7 +380,7 @@ impl Plan {
                         name: a.name.clone(),
                         path: a.path.clone(),
                         value: format!(" = {}", canonical_json(&a.values[k])),
-                        msg: format!(
+                        msg: Box::new(PlanError::Rule(format!(
                             "values {} and {} give the same point{}",
                             prev + 1,
                             k + 1,
@@ -379,7 +389,7 @@ impl Plan {
                             } else {
                                 ""
                             }
-                        ),
+                        ))),
                     });
                 }
             }
@@ -388,9 +398,9 @@ impl Plan {
         let total = match total {
             Some(t) if t <= MAX_POINTS => t,
             _ => {
-                return Err(SweepError::Plan(format!(
+                return Err(SweepError::Plan(PlanError::Rule(format!(
                     "the axes expand to more than {MAX_POINTS} points"
-                )))
+                ))))
             }
         };
         let mut points = Vec::with_capacity(total);
@@ -417,9 +427,9 @@ impl Plan {
                 canonical_json(&Value::Array(pairs)).as_bytes(),
             ));
             if let Some(prev) = ids.insert(id.clone(), n) {
-                return Err(SweepError::Plan(format!(
+                return Err(SweepError::Plan(PlanError::Rule(format!(
                     "points {prev} and {n} have the same id {id}: two points with equal axis values"
-                )));
+                ))));
             }
             points.push(Point {
                 index: n as u32,
@@ -473,7 +483,7 @@ impl Plan {
                     name: a.name.clone(),
                     path: a.path.clone(),
                     value: String::new(),
-                    msg,
+                    msg: Box::new(msg),
                 }
             })?;
         }
@@ -481,7 +491,7 @@ impl Plan {
     }
 
     /// The base with only axis `a`'s value `k` set.
-    pub(crate) fn single_axis_value(&self, a: usize, k: usize) -> Result<Value, String> {
+    pub(crate) fn single_axis_value(&self, a: usize, k: usize) -> Result<Value, PlanError> {
         let mut v = self.base.clone();
         set_path(
             &mut v,
@@ -605,18 +615,19 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 /// Set `segs` in `root`, creating tables on the way.
-pub(crate) fn set_path(root: &mut Value, segs: &[String], v: Value) -> Result<(), String> {
+pub(crate) fn set_path(root: &mut Value, segs: &[String], v: Value) -> Result<(), PlanError> {
     let mut cur = root;
     for (i, s) in segs.iter().enumerate() {
         if cur.is_null() {
             *cur = Value::Object(Map::new());
         }
-        let what = type_name(cur);
+        let found = type_name(cur);
         let Value::Object(obj) = cur else {
-            return Err(format!(
-                "`{}` is {what}, not a table, so it has no field `{s}`",
-                segs[..i].join(".")
-            ));
+            return Err(PlanError::NotATable {
+                path: segs[..i].join("."),
+                found,
+                field: s.clone(),
+            });
         };
         if i + 1 == segs.len() {
             obj.insert(s.clone(), v);
@@ -629,12 +640,12 @@ pub(crate) fn set_path(root: &mut Value, segs: &[String], v: Value) -> Result<()
     Ok(())
 }
 
-fn as_num(field: &str, v: &Value) -> Result<(Option<i64>, f64), String> {
+fn as_num(field: &str, v: &Value) -> Result<(Option<i64>, f64), PlanError> {
     match v {
         Value::Number(n) => Ok((n.as_i64(), n.as_f64().unwrap_or(f64::NAN))),
-        other => Err(format!(
-            "{field}: expected a number, found {}",
-            type_name(other)
+        other => Err(PlanError::field(
+            field,
+            format!("expected a number, found {}", type_name(other)),
         )),
     }
 }
@@ -644,27 +655,36 @@ fn tidy(x: f64) -> f64 {
     format!("{x:.11e}").parse().unwrap_or(x)
 }
 
-fn float_value(x: f64) -> Result<Value, String> {
+fn float_value(x: f64) -> Result<Value, PlanError> {
     serde_json::Number::from_f64(x)
         .map(Value::Number)
-        .ok_or_else(|| format!("value {x} is not a finite number"))
+        .ok_or(PlanError::NotFinite(x))
 }
 
 /// `start, start + step, ...` up to `stop` (included when reached). Integers when all
 /// three are integers.
-fn linear_range(r: &RangeFile) -> Result<Vec<Value>, String> {
+fn linear_range(r: &RangeFile) -> Result<Vec<Value>, PlanError> {
     let (si, sf) = as_num("range.start", &r.start)?;
     let (ei, ef) = as_num("range.stop", &r.stop)?;
     let (ti, tf) = as_num("range.step", &r.step)?;
     if !(sf.is_finite() && ef.is_finite() && tf.is_finite()) {
-        return Err("range: start, stop and step must be finite".into());
+        return Err(PlanError::field(
+            "range",
+            "start, stop and step must be finite",
+        ));
     }
     if tf == 0.0 || (ef - sf) * tf < 0.0 {
-        return Err(format!("range: step {tf} never goes from {sf} to {ef}"));
+        return Err(PlanError::field(
+            "range",
+            format!("step {tf} never goes from {sf} to {ef}"),
+        ));
     }
     let n = ((ef - sf) / tf + 1e-9).floor() as u64 + 1;
     if n as usize > MAX_POINTS {
-        return Err(format!("range: {n} values is more than {MAX_POINTS}"));
+        return Err(PlanError::field(
+            "range",
+            format!("{n} values is more than {MAX_POINTS}"),
+        ));
     }
     let mut out = Vec::with_capacity(n as usize);
     if let (Some(s), Some(_), Some(t)) = (si, ei, ti) {
@@ -681,14 +701,20 @@ fn linear_range(r: &RangeFile) -> Result<Vec<Value>, String> {
 
 /// `num` values from `start` to `stop` (both included) evenly spaced in log scale.
 /// Rounded to integers (duplicates dropped) when `start` and `stop` are integers.
-fn log_range(r: &LogRangeFile) -> Result<Vec<Value>, String> {
+fn log_range(r: &LogRangeFile) -> Result<Vec<Value>, PlanError> {
     let (si, sf) = as_num("log_range.start", &r.start)?;
     let (ei, ef) = as_num("log_range.stop", &r.stop)?;
     if !(sf > 0.0 && ef > 0.0 && sf.is_finite() && ef.is_finite()) {
-        return Err("log_range: start and stop must be positive and finite".into());
+        return Err(PlanError::field(
+            "log_range",
+            "start and stop must be positive and finite",
+        ));
     }
     if r.num == 0 || r.num as usize > MAX_POINTS {
-        return Err(format!("log_range.num: expected 1..={MAX_POINTS}"));
+        return Err(PlanError::field(
+            "log_range.num",
+            format!("expected 1..={MAX_POINTS}"),
+        ));
     }
     let at = |k: u32| -> f64 {
         if k == 0 {
@@ -727,11 +753,11 @@ fn log_range(r: &LogRangeFile) -> Result<Vec<Value>, String> {
 /// `"30%"`, `[1, 2]`, `{ policy = "lru" }`) or, failing that, taken as a string. Dotted
 /// keys reach nested tables (created as needed) and array elements by index. Returns the
 /// text unchanged when there are no overrides.
-pub fn apply_overrides(text: &str, overrides: &[(String, String)]) -> Result<String, String> {
+pub fn apply_overrides(text: &str, overrides: &[(String, String)]) -> Result<String, PlanError> {
     if overrides.is_empty() {
         return Ok(text.to_string());
     }
-    let mut doc: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    let mut doc: toml::Table = toml::from_str(text)?;
     for (key, raw) in overrides {
         let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
             .ok()
@@ -739,7 +765,10 @@ pub fn apply_overrides(text: &str, overrides: &[(String, String)]) -> Result<Str
             .unwrap_or_else(|| toml::Value::String(raw.clone()));
         let segs: Vec<&str> = key.split('.').collect();
         if segs.iter().any(|s| s.is_empty()) {
-            return Err(format!("--set {key}: empty path segment"));
+            return Err(PlanError::field(
+                format!("--set {key}"),
+                "empty path segment",
+            ));
         }
         let mut cur: &mut toml::Value = doc
             .entry(segs[0].to_string())
@@ -762,11 +791,17 @@ pub fn apply_overrides(text: &str, overrides: &[(String, String)]) -> Result<Str
                 }
                 toml::Value::Array(a) => {
                     let k: usize = s.parse().map_err(|_| {
-                        format!("--set {key}: `{here}` is an array; expected an index, found {s:?}")
+                        PlanError::field(
+                            format!("--set {key}"),
+                            format!("`{here}` is an array; expected an index, found {s:?}"),
+                        )
                     })?;
                     let n = a.len();
                     let slot = a.get_mut(k).ok_or_else(|| {
-                        format!("--set {key}: `{here}` has {n} elements, no index {k}")
+                        PlanError::field(
+                            format!("--set {key}"),
+                            format!("`{here}` has {n} elements, no index {k}"),
+                        )
                     })?;
                     if last {
                         *slot = value.clone();
@@ -774,11 +809,16 @@ pub fn apply_overrides(text: &str, overrides: &[(String, String)]) -> Result<Str
                     }
                     slot
                 }
-                _ => return Err(format!("--set {key}: `{here}` is not a table or an array")),
+                _ => {
+                    return Err(PlanError::field(
+                        format!("--set {key}"),
+                        format!("`{here}` is not a table or an array"),
+                    ))
+                }
             };
         }
     }
-    toml::to_string(&doc).map_err(|e| e.to_string())
+    Ok(toml::to_string(&doc)?)
 }
 
 #[cfg(test)]
@@ -910,7 +950,11 @@ mod tests {
             Value::from(3),
         )
         .unwrap_err();
-        assert!(e.contains("`a.b` is a number"), "{e}");
+        assert!(
+            matches!(&e, PlanError::NotATable { path, found: "a number", field } if path == "a.b" && field == "x"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("`a.b` is a number"), "{e}");
     }
 
     #[test]

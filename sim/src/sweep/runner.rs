@@ -23,7 +23,7 @@ use super::table::{
     results_batch, summarise, summary_batch, table_metadata, write_parquet, Row, SummaryRow,
     RESULTS_FILE, SUMMARY_FILE,
 };
-use super::{Result, SweepError};
+use super::{PlanError, Result, SweepError};
 
 /// `i/N`: this process runs the points whose index is `i mod N` (0 <= i < N).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,9 +36,14 @@ pub struct Shard {
 }
 
 impl FromStr for Shard {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("shard {s:?}: expected i/N with 0 <= i < N, e.g. 0/4");
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self, PlanError> {
+        let bad = || {
+            PlanError::field(
+                format!("shard {s:?}"),
+                "expected i/N with 0 <= i < N, e.g. 0/4",
+            )
+        };
         let (i, n) = s.split_once('/').ok_or_else(bad)?;
         let index: u32 = i.trim().parse().map_err(|_| bad())?;
         let count: u32 = n.trim().parse().map_err(|_| bad())?;
@@ -113,14 +118,14 @@ fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// The plan's selected metrics out of a run's full list, in the plan's order.
-fn pick(plan: &Plan, all: Vec<(String, MetricValue)>) -> Result<Vec<MetricValue>, String> {
+fn pick(plan: &Plan, all: Vec<(String, MetricValue)>) -> Result<Vec<MetricValue>, PlanError> {
     let by: HashMap<String, MetricValue> = all.into_iter().collect();
     plan.metrics
         .iter()
         .map(|m| {
             by.get(m)
                 .copied()
-                .ok_or_else(|| format!("internal: the run reported no metric `{m}`"))
+                .ok_or_else(|| PlanError::Internal(format!("the run reported no metric `{m}`")))
         })
         .collect()
 }
@@ -316,7 +321,7 @@ pub fn run(prep: &Prepared, opts: &RunOptions) -> Result<RunReport> {
                 let cfg = &prep.configs[index as usize];
                 let t = Instant::now();
                 let res = catch_unwind(AssertUnwindSafe(|| run_one(cfg, seed, key, &inputs)))
-                    .unwrap_or_else(|p| Err(format!("panicked: {}", panic_text(p))))
+                    .unwrap_or_else(|p| Err(PlanError::Panic(panic_text(p))))
                     .and_then(|all| pick(plan, all));
                 inputs.release(key);
                 let wall = t.elapsed();
@@ -329,7 +334,8 @@ pub fn run(prep: &Prepared, opts: &RunOptions) -> Result<RunReport> {
                             index,
                             seed,
                             desc: plan.describe(&plan.points[index as usize]),
-                            msg,
+                            msg: Box::new(msg),
+                            note: String::new(),
                         });
                         return;
                     }
@@ -382,12 +388,14 @@ pub fn run(prep: &Prepared, opts: &RunOptions) -> Result<RunReport> {
                 seed,
                 desc,
                 msg,
+                note,
             } => SweepError::Run {
                 index,
                 seed,
                 desc,
-                msg: format!(
-                    "{msg}{more}; the finished runs are kept in {}: --resume retries the rest (a changed plan needs a new --out)",
+                msg,
+                note: format!(
+                    "{note}{more}; the finished runs are kept in {}: --resume retries the rest (a changed plan needs a new --out)",
                     out.display()
                 ),
             },

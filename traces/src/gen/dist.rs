@@ -5,6 +5,8 @@
 
 use moonagent_core::rng::Rng;
 
+use crate::error::ValueError;
+
 /// Standard normal by Box-Muller (one of the pair; the other is discarded for simplicity).
 pub fn std_normal(rng: &mut Rng) -> f64 {
     let u1 = 1.0 - rng.next_f64(); // (0, 1]
@@ -161,16 +163,13 @@ impl Discrete {
 }
 
 /// Parse a Python-style dict of `{int: probability}` (ServeGen's dataset cells).
-pub fn parse_py_dict(s: &str) -> Result<Vec<(u64, f64)>, String> {
+pub fn parse_py_dict(s: &str) -> Result<Vec<(u64, f64)>, ValueError> {
     let t = s.trim();
     let inner = t
         .strip_prefix('{')
         .and_then(|x| x.strip_suffix('}'))
         .ok_or_else(|| {
-            format!(
-                "expected a {{value: probability}} dict, found {:?}",
-                short(t)
-            )
+            ValueError::expected("a {value: probability} dict", format!("{:?}", short(t)))
         })?;
     let mut out = Vec::new();
     if inner.trim().is_empty() {
@@ -181,19 +180,19 @@ pub fn parse_py_dict(s: &str) -> Result<Vec<(u64, f64)>, String> {
         if item.is_empty() {
             continue;
         }
-        let (k, v) = item
-            .split_once(':')
-            .ok_or_else(|| format!("expected `value: probability`, found {:?}", short(item)))?;
+        let (k, v) = item.split_once(':').ok_or_else(|| {
+            ValueError::expected("`value: probability`", format!("{:?}", short(item)))
+        })?;
         let k = k.trim();
         let key: u64 = match k.parse::<u64>() {
             Ok(x) => x,
             Err(_) => {
                 // Accept integral floats such as `3.0`.
-                let f: f64 = k
-                    .parse()
-                    .map_err(|_| format!("expected an integer key, found {:?}", short(k)))?;
+                let f: f64 = k.parse().map_err(|_| {
+                    ValueError::expected("an integer key", format!("{:?}", short(k)))
+                })?;
                 if f.fract() != 0.0 || f < 0.0 || !f.is_finite() {
-                    return Err(format!("expected a non-negative integer key, found {k}"));
+                    return Err(ValueError::expected("a non-negative integer key", k));
                 }
                 f as u64
             }
@@ -201,9 +200,12 @@ pub fn parse_py_dict(s: &str) -> Result<Vec<(u64, f64)>, String> {
         let p: f64 = v
             .trim()
             .parse()
-            .map_err(|_| format!("expected a probability, found {:?}", short(v.trim())))?;
+            .map_err(|_| ValueError::expected("a probability", format!("{:?}", short(v.trim()))))?;
         if !(p.is_finite() && p >= 0.0) {
-            return Err(format!("expected a non-negative probability, found {p}"));
+            return Err(ValueError::expected(
+                "a non-negative probability",
+                p.to_string(),
+            ));
         }
         out.push((key, p));
     }

@@ -281,8 +281,9 @@ pub fn parse_dataset_json(text: &str, file: &Path) -> Result<Vec<DatasetWindow>,
                     "missing; expected a string holding a {value: probability} dict",
                 )
             })?;
-            let pairs = parse_py_dict(s)
-                .map_err(|p| TraceError::invalid(file, Location::File, field.as_str(), p))?;
+            let pairs = parse_py_dict(s).map_err(|p| {
+                TraceError::invalid(file, Location::File, field.as_str(), p.to_string())
+            })?;
             Ok(Discrete::new(&pairs))
         };
         let (Some(text_tokens), Some(image_tokens), Some(image_count), Some(output_tokens)) = (

@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use super::{check_imported, one_turn, AttachImages, Attacher};
-use crate::error::{Location, TraceError};
+use crate::error::{Location, TraceError, ValueError};
 use crate::jsonl::{is_blank, read_line};
 use crate::schema::{Request, TraceHeader, Validator};
 
@@ -51,22 +51,29 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-fn num<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String> {
+fn num<T: std::str::FromStr>(s: &str, what: &'static str) -> Result<T, ValueError> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("expected {what} digits, found {s:?}"));
+        return Err(ValueError::expected(
+            format!("{what} digits"),
+            format!("{s:?}"),
+        ));
     }
-    s.parse().map_err(|_| format!("{what} {s:?} out of range"))
+    s.parse().map_err(|_| ValueError::OutOfRange {
+        what,
+        text: s.to_string(),
+    })
 }
 
 /// Parse a timestamp into nanoseconds since the Unix epoch (or since 0 for plain seconds).
-pub fn parse_timestamp_ns(s: &str) -> Result<i128, String> {
+pub fn parse_timestamp_ns(s: &str) -> Result<i128, ValueError> {
     let s = s.trim();
     if let Ok(secs) = s.parse::<f64>() {
         if secs.is_finite() && secs >= 0.0 {
             return Ok((secs * 1e9).round() as i128);
         }
-        return Err(format!(
-            "expected a date-time or non-negative seconds, found {s:?}"
+        return Err(ValueError::expected(
+            "a date-time or non-negative seconds",
+            format!("{s:?}"),
         ));
     }
     let b = s.as_bytes();
@@ -77,8 +84,9 @@ pub fn parse_timestamp_ns(s: &str) -> Result<i128, String> {
         || b[13] != b':'
         || b[16] != b':'
     {
-        return Err(format!(
-            "expected YYYY-MM-DD HH:MM:SS[.fraction], found {s:?}"
+        return Err(ValueError::expected(
+            "YYYY-MM-DD HH:MM:SS[.fraction]",
+            format!("{s:?}"),
         ));
     }
     let y: i64 = num(&s[0..4], "year")?;
@@ -88,14 +96,17 @@ pub fn parse_timestamp_ns(s: &str) -> Result<i128, String> {
     let mi: i64 = num(&s[14..16], "minute")?;
     let se: i64 = num(&s[17..19], "second")?;
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
-        return Err(format!("date-time field out of range in {s:?}"));
+        return Err(ValueError::DateTimeRange(s.to_string()));
     }
     let mut rest = &s[19..];
     let mut frac_ns: i128 = 0;
     if let Some(r) = rest.strip_prefix('.') {
         let n = r.bytes().take_while(u8::is_ascii_digit).count();
         if n == 0 || n > 9 {
-            return Err(format!("expected 1 to 9 fractional digits in {s:?}"));
+            return Err(ValueError::ExpectedIn {
+                expected: "1 to 9 fractional digits",
+                value: s.to_string(),
+            });
         }
         let digits: i128 = num(&r[..n], "fraction")?;
         frac_ns = digits * 10i128.pow(9 - n as u32);
@@ -107,13 +118,21 @@ pub fn parse_timestamp_ns(s: &str) -> Result<i128, String> {
             let sign = if r.starts_with('-') { -1 } else { 1 };
             let t = r[1..].replace(':', "");
             if t.len() != 4 {
-                return Err(format!("expected a +HH:MM offset in {s:?}"));
+                return Err(ValueError::ExpectedIn {
+                    expected: "a +HH:MM offset",
+                    value: s.to_string(),
+                });
             }
             let oh: i64 = num(&t[0..2], "offset hour")?;
             let om: i64 = num(&t[2..4], "offset minute")?;
             sign * (oh * 3600 + om * 60)
         }
-        other => return Err(format!("unexpected {other:?} after the time in {s:?}")),
+        other => {
+            return Err(ValueError::Trailing {
+                rest: other.to_string(),
+                value: s.to_string(),
+            })
+        }
     };
     let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se - offset_s;
     Ok(i128::from(secs) * 1_000_000_000 + frac_ns)
@@ -294,7 +313,7 @@ impl<R: BufRead> AzureImport<R> {
                 ));
             }
             let ts = parse_timestamp_ns(cols[0])
-                .map_err(|p| TraceError::invalid(&self.file, at, "TIMESTAMP", p))?;
+                .map_err(|p| TraceError::invalid(&self.file, at, "TIMESTAMP", p.to_string()))?;
             let first = *self.first_ns.get_or_insert(ts);
             if ts < first {
                 return Err(TraceError::invalid(

@@ -9,6 +9,7 @@
 //! always unlinks before `on_insert` links the slot again.
 
 use super::TailQueue;
+use crate::invariant::InvariantViolation;
 use crate::store::policy::{EvictRequest, EvictionPolicy, ObjectMeta};
 use crate::store::ObjId;
 
@@ -30,7 +31,7 @@ impl Fifo {
     }
 
     /// Check that the queue holds exactly the live objects, by `insert_seq`. For tests.
-    pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), String> {
+    pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), InvariantViolation> {
         self.q.check(objects, |m| m.insert_seq)
     }
 }

@@ -12,6 +12,7 @@
 //! links it again, so no state leaks between the objects that share a slot.
 
 use super::TailQueue;
+use crate::invariant::InvariantViolation;
 use crate::store::policy::{EvictRequest, EvictionPolicy, ObjectMeta};
 use crate::store::ObjId;
 
@@ -33,7 +34,7 @@ impl Lru {
     }
 
     /// Check that the queue holds exactly the live objects, by `last_access_seq`. For tests.
-    pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), String> {
+    pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), InvariantViolation> {
         self.q.check(objects, |m| m.last_access_seq)
     }
 }

@@ -31,6 +31,7 @@ use std::cmp::Ordering;
 
 use super::policy::{Candidate, EvictRequest, ObjectMeta};
 use super::ObjId;
+use crate::invariant::{violation, InvariantViolation};
 
 pub use belady::Belady;
 pub use belady_cost::BeladyCost;
@@ -335,7 +336,7 @@ impl TailQueue {
         &self,
         objects: &[ObjectMeta],
         order: impl Fn(&ObjectMeta) -> u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), InvariantViolation> {
         check_queue(&self.queue, &self.links, objects, order)
     }
 }
@@ -383,10 +384,14 @@ pub(crate) fn check_queue(
     links: &Links,
     objects: &[ObjectMeta],
     order: impl Fn(&ObjectMeta) -> u64,
-) -> Result<(), String> {
+) -> Result<(), InvariantViolation> {
     let live = objects.iter().filter(|m| m.live).count();
     if q.len != live {
-        return Err(format!("queue holds {} slots, store {live} live", q.len));
+        return Err(violation!(
+            "P1",
+            "queue holds {} slots, store {live} live",
+            q.len
+        ));
     }
     let mut n = 0;
     let mut prev: Option<u64> = None;
@@ -394,23 +399,29 @@ pub(crate) fn check_queue(
     for i in q.iter_newest_first(links) {
         n += 1;
         if n > q.len {
-            return Err("queue longer than its length (cycle?)".into());
+            return Err(InvariantViolation::new(
+                "P1",
+                "queue longer than its length (cycle?)",
+            ));
         }
         let Some(m) = objects.get(i as usize).filter(|m| m.live) else {
-            return Err(format!("slot {i} queued but not live"));
+            return Err(violation!("P1", "slot {i} queued but not live"));
         };
         let o = order(m);
         if prev.is_some_and(|p| p <= o) {
-            return Err(format!("slot {i} out of order ({o} after {prev:?})"));
+            return Err(violation!(
+                "P1",
+                "slot {i} out of order ({o} after {prev:?})"
+            ));
         }
         if links.0[i as usize].newer != last {
-            return Err(format!("slot {i}: broken newer link"));
+            return Err(violation!("P1", "slot {i}: broken newer link"));
         }
         prev = Some(o);
         last = i;
     }
     if last != q.tail || n != q.len {
-        return Err("tail or length mismatch".into());
+        return Err(InvariantViolation::new("P1", "tail or length mismatch"));
     }
     Ok(())
 }

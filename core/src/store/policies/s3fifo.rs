@@ -42,6 +42,7 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use super::{soft_quota, unpinned_quota, Links, Queue, NIL};
+use crate::invariant::{violation, InvariantViolation};
 use crate::store::policy::{Candidate, EvictRequest, EvictionPolicy, ObjectMeta};
 use crate::store::ObjId;
 
@@ -183,12 +184,14 @@ impl S3Fifo {
 
     /// Check that the queues hold exactly the live objects with their sizes, and that the
     /// small queue is in insertion order. For tests.
-    pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), String> {
+    pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), InvariantViolation> {
         let live = objects.iter().filter(|m| m.live).count();
         if self.small.len + self.main.len != live {
-            return Err(format!(
+            return Err(violation!(
+                "P1",
                 "queues hold {} + {}, store {live} live",
-                self.small.len, self.main.len
+                self.small.len,
+                self.main.len
             ));
         }
         for (q, name) in [(&self.small, "small"), (&self.main, "main")] {
@@ -198,35 +201,39 @@ impl S3Fifo {
             for i in q.iter_newest_first(&self.links) {
                 n += 1;
                 if n > q.len {
-                    return Err(format!("{name}: longer than its length"));
+                    return Err(violation!("P1", "{name}: longer than its length"));
                 }
                 let Some(m) = objects.get(i as usize).filter(|m| m.live) else {
-                    return Err(format!("{name}: slot {i} queued but not live"));
+                    return Err(violation!("P1", "{name}: slot {i} queued but not live"));
                 };
                 if self.slots[i as usize].size != m.size {
-                    return Err(format!("{name}: slot {i} size mismatch"));
+                    return Err(violation!("P1", "{name}: slot {i} size mismatch"));
                 }
                 if self.slots[i as usize].planned != Planned::No {
-                    return Err(format!("{name}: slot {i} still planned"));
+                    return Err(violation!("P1", "{name}: slot {i} still planned"));
                 }
                 if q.tag == SMALL {
                     if m.insert_seq >= prev_seq {
-                        return Err(format!("small: slot {i} out of insertion order"));
+                        return Err(violation!("P1", "small: slot {i} out of insertion order"));
                     }
                     prev_seq = m.insert_seq;
                 }
                 bytes += m.size;
             }
             if n != q.len || bytes != q.bytes {
-                return Err(format!("{name}: length or bytes mismatch"));
+                return Err(violation!("P1", "{name}: length or bytes mismatch"));
             }
         }
         if self.ghost_map.len() > self.ghost.len() {
-            return Err("ghost map larger than the ghost queue".into());
+            return Err(InvariantViolation::new(
+                "P1",
+                "ghost map larger than the ghost queue",
+            ));
         }
         let live: u64 = self.ghost_map.values().map(|&(_, b)| b).sum();
         if live != self.ghost_bytes {
-            return Err(format!(
+            return Err(violation!(
+                "P1",
                 "ghost bytes {} but live entries hold {live}",
                 self.ghost_bytes
             ));

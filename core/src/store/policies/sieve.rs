@@ -17,6 +17,7 @@
 //! is libCacheSim's SIEVE exactly. Hooks are O(1).
 
 use super::{soft_quota, unpinned_quota, Links, Queue, NIL};
+use crate::invariant::{violation, InvariantViolation};
 use crate::store::policy::{Candidate, EvictRequest, EvictionPolicy, ObjectMeta};
 use crate::store::ObjId;
 
@@ -63,9 +64,13 @@ impl Sieve {
     }
 
     /// Check that the queue holds exactly the live objects, by insertion. For tests.
-    pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), String> {
+    pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), InvariantViolation> {
         if self.hand != NIL && self.links.queue_of(self.hand) == 0 {
-            return Err(format!("hand on slot {} which is not queued", self.hand));
+            return Err(violation!(
+                "P1",
+                "hand on slot {} which is not queued",
+                self.hand
+            ));
         }
         super::check_queue(&self.queue, &self.links, objects, |m| m.insert_seq)
     }

@@ -29,6 +29,7 @@ use crate::store::ConfigError;
 use serde::{Deserialize, Serialize};
 
 use super::{soft_quota, unpinned_quota, Links, Queue, NIL};
+use crate::invariant::{violation, InvariantViolation};
 use crate::store::policy::{Candidate, EvictRequest, EvictionPolicy, ObjectMeta};
 use crate::store::ObjId;
 
@@ -186,22 +187,22 @@ impl WTinyLfu {
     }
 
     /// Check that the queues hold exactly the live objects. For tests.
-    pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), String> {
+    pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), InvariantViolation> {
         let live = objects.iter().filter(|m| m.live).count();
         let held = self.window.len + self.probation.len + self.protected.len;
         if held != live {
-            return Err(format!("queues hold {held}, store {live} live"));
+            return Err(violation!("P1", "queues hold {held}, store {live} live"));
         }
         for q in [&self.window, &self.probation, &self.protected] {
             let mut bytes = 0;
             for i in q.iter_newest_first(&self.links) {
                 let Some(m) = objects.get(i as usize).filter(|m| m.live) else {
-                    return Err(format!("slot {i} queued but not live"));
+                    return Err(violation!("P1", "slot {i} queued but not live"));
                 };
                 bytes += m.size;
             }
             if bytes != q.bytes {
-                return Err(format!("queue {}: bytes mismatch", q.tag));
+                return Err(violation!("P1", "queue {}: bytes mismatch", q.tag));
             }
         }
         Ok(())
