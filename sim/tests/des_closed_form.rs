@@ -63,9 +63,9 @@ fn idle_cluster_ttft_equals_the_sum_of_modelled_stages() {
 /// The heavy-traffic (reflected Brownian motion) approximation gives the same order:
 /// relative variance 2 rho^2 / ((1 - rho)^2 n), i.e. 1.7% at n = 38,000; it is known to
 /// underestimate below heavy traffic. A fixed 5% band on one run was therefore only
-/// 1.5-2 standard deviations wide: about one arrival stream in ten fails it with a correct
-/// simulator (the former single stream 11 gave 5.1% with ChaCha8; stream 16 gave 7.2%
-/// with SplitMix64).
+/// 1.5-2 standard deviations wide: one arrival stream in ten or so fails it with a correct
+/// simulator (the former single stream 11 gave 5.1% with ChaCha8, as did streams 0 and 4;
+/// stream 16 gave 7.2% with SplitMix64).
 ///
 /// So the test runs `K` independent streams, takes the mean of the per-run means and its
 /// standard error from their spread (K - 1 degrees of freedom), and requires the closed
