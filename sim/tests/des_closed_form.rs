@@ -74,7 +74,8 @@ fn idle_cluster_ttft_equals_the_sum_of_modelled_stages() {
 /// can never be wider than 6%: a simulator whose encoder queue is wrong by a few percent
 /// fails (a service time 10% too long moves the mean wait by 58%; it fails by far).
 /// Measured: the mean over streams 0-9 is 98.4% of the closed form with standard error
-/// 0.75% (100.0% and 0.78% with SplitMix64).
+/// 0.75% (100.0% and 0.78% with SplitMix64); over 40 streams (11-50) it is 99.9% with
+/// standard error 0.44%: no sign of a bias in the ChaCha8 arrival streams.
 #[test]
 fn encoder_queue_matches_md1_mean_wait() {
     const K: u64 = 10;
