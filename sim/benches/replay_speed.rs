@@ -18,6 +18,7 @@ use std::time::Instant;
 use moonagent_core::rng::Rng;
 use moonagent_core::store::{DataType, MemStoreConfig};
 use moonagent_sim::replay::{replay_all, replay_one, Compiled, LabelledPolicy};
+use rand_distr::Distribution;
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -26,21 +27,14 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Zipf(s) over `n` ranks by inverse CDF (binary search on the cumulative weights).
+/// Zipf(s) over `objects` ranks (`rand_distr::Zipf`).
 fn zipf_trace(requests: u64, objects: u64, s: f64, seed: u64) -> Compiled {
-    let mut cdf = Vec::with_capacity(objects as usize);
-    let mut acc = 0.0;
-    for k in 1..=objects {
-        acc += 1.0 / (k as f64).powf(s);
-        cdf.push(acc);
-    }
-    let total = acc;
+    let zipf = rand_distr::Zipf::new(objects as f64, s).expect("Zipf parameters");
     let mut rng = Rng::stream(seed, "zipf");
     let mut c = Compiled::default();
     c.accesses.reserve(requests as usize);
     for i in 0..requests {
-        let u = rng.next_f64() * total;
-        let rank = cdf.partition_point(|&x| x < u) as u64;
+        let rank = zipf.sample(&mut rng) as u64 - 1;
         // Ids are scrambled ranks, so popularity is not correlated with hash order.
         let id = moonagent_core::rng::mix64(rank);
         c.push(i * 1_000, id, 1, 1, DataType::General, 0, 0)

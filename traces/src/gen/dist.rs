@@ -1,51 +1,33 @@
-//! Samplers over [`moonagent_core::rng::Rng`]: normal, Gamma (Marsaglia-Tsang), Weibull,
-//! inter-arrival processes scaled to a mean, and discrete distributions given as
-//! `{value: probability}` tables. Written here rather than taken from `rand_distr` so a
-//! seed gives the same trace across dependency upgrades.
+//! Samplers over [`moonagent_core::rng::Rng`] from `rand_distr`: normal, Gamma, Weibull,
+//! exponential, inter-arrival processes scaled to a mean, and discrete distributions given
+//! as `{value: probability}` tables (`rand::distr::weighted::WeightedIndex`). The values a
+//! seed gives are pinned by `draws_are_pinned` here and in `core::rng`.
 
 use moonagent_core::rng::Rng;
+use rand::distr::weighted::WeightedIndex;
+use rand_distr::{Distribution, StandardNormal};
 
 use crate::error::ValueError;
 
-/// Standard normal by Box-Muller (one of the pair; the other is discarded for simplicity).
+/// Standard normal (`rand_distr::StandardNormal`).
 pub fn std_normal(rng: &mut Rng) -> f64 {
-    let u1 = 1.0 - rng.next_f64(); // (0, 1]
-    let u2 = rng.next_f64();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    StandardNormal.sample(rng)
 }
 
-/// Gamma(shape, scale) by Marsaglia and Tsang (2000); shape < 1 by the `U^(1/shape)` boost.
+/// Gamma(shape, scale) (`rand_distr::Gamma`); 0 when a parameter is not positive.
 pub fn gamma(rng: &mut Rng, shape: f64, scale: f64) -> f64 {
-    if !(shape > 0.0 && scale > 0.0) {
-        return 0.0;
-    }
-    if shape < 1.0 {
-        let u = 1.0 - rng.next_f64();
-        return gamma(rng, shape + 1.0, scale) * u.powf(1.0 / shape);
-    }
-    let d = shape - 1.0 / 3.0;
-    let c = 1.0 / (9.0 * d).sqrt();
-    loop {
-        let x = std_normal(rng);
-        let v = 1.0 + c * x;
-        if v <= 0.0 {
-            continue;
-        }
-        let v = v * v * v;
-        let u = 1.0 - rng.next_f64();
-        if u < 1.0 - 0.0331 * x.powi(4) || u.ln() < 0.5 * x * x + d * (1.0 - v + v.ln()) {
-            return d * v * scale;
-        }
+    match rand_distr::Gamma::new(shape, scale) {
+        Ok(d) if shape > 0.0 && scale > 0.0 => d.sample(rng),
+        _ => 0.0,
     }
 }
 
-/// Weibull(shape, scale) by inverse transform.
+/// Weibull(shape, scale) (`rand_distr::Weibull`); 0 when a parameter is not positive.
 pub fn weibull(rng: &mut Rng, shape: f64, scale: f64) -> f64 {
-    if !(shape > 0.0 && scale > 0.0) {
-        return 0.0;
+    match rand_distr::Weibull::new(scale, shape) {
+        Ok(d) if shape > 0.0 && scale > 0.0 => d.sample(rng),
+        _ => 0.0,
     }
-    let u = rng.next_f64();
-    scale * (-(1.0 - u).ln()).powf(1.0 / shape)
 }
 
 /// The Gamma function for positive arguments (Lanczos, g = 7, n = 9).
@@ -115,49 +97,44 @@ pub fn secs_to_ns(s: f64) -> u64 {
     }
 }
 
-/// A discrete distribution over integers, sampled by inverse CDF.
+/// A discrete distribution over integers (`rand`'s `WeightedIndex` over the values).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Discrete {
     values: Vec<u64>,
-    cum: Vec<f64>,
+    weights: Vec<f64>,
+    index: WeightedIndex<f64>,
 }
 
 impl Discrete {
     /// From `(value, weight)` pairs; weights need not sum to 1. `None` if empty or all zero.
     pub fn new(pairs: &[(u64, f64)]) -> Option<Self> {
-        let mut values = Vec::with_capacity(pairs.len());
-        let mut cum = Vec::with_capacity(pairs.len());
-        let mut total = 0.0;
-        for &(v, w) in pairs {
-            if w.is_finite() && w > 0.0 {
-                total += w;
-                values.push(v);
-                cum.push(total);
-            }
-        }
-        if values.is_empty() {
-            return None;
-        }
-        Some(Self { values, cum })
+        let (values, weights): (Vec<u64>, Vec<f64>) = pairs
+            .iter()
+            .filter(|(_, w)| w.is_finite() && *w > 0.0)
+            .copied()
+            .unzip();
+        let index = WeightedIndex::new(&weights).ok()?;
+        Some(Self {
+            values,
+            weights,
+            index,
+        })
     }
 
     /// One sample.
     pub fn sample(&self, rng: &mut Rng) -> u64 {
-        let total = self.cum[self.cum.len() - 1];
-        let u = rng.next_f64() * total;
-        let i = self.cum.partition_point(|&c| c <= u);
-        self.values[i.min(self.values.len() - 1)]
+        self.values[self.index.sample(rng)]
     }
 
     /// The mean.
     pub fn mean(&self) -> f64 {
-        let total = self.cum[self.cum.len() - 1];
-        let mut prev = 0.0;
-        let mut m = 0.0;
-        for (v, c) in self.values.iter().zip(&self.cum) {
-            m += *v as f64 * (c - prev);
-            prev = *c;
-        }
+        let total: f64 = self.weights.iter().sum();
+        let m: f64 = self
+            .values
+            .iter()
+            .zip(&self.weights)
+            .map(|(v, w)| *v as f64 * w)
+            .sum();
         m / total
     }
 }
@@ -241,6 +218,37 @@ mod tests {
             assert!((m - 2.0).abs() < 0.03, "{ia:?} mean {m}");
             assert!((cv - want_cv).abs() < 0.03, "{ia:?} cv {cv}");
         }
+    }
+
+    const PINNED: [f64; 6] = [
+        -0.47520591685382263,
+        1.7085804489027254,
+        1.4622270570732088,
+        3.0693402442767472,
+        2.0665058998270007,
+        4.316509062242052,
+    ];
+    const PINNED_DISCRETE: [u64; 4] = [1, 1, 1, 5];
+
+    #[test]
+    fn draws_are_pinned() {
+        // A dependency bump that moves any distribution's values fails here by name.
+        let mut r = Rng::stream(7, "dist");
+        let got = [
+            std_normal(&mut r),
+            gamma(&mut r, 0.5, 2.0),
+            gamma(&mut r, 4.0, 0.5),
+            weibull(&mut r, 1.5, 2.0),
+            InterArrival::Exponential.sample(&mut r, 2.0),
+            InterArrival::Weibull { shape: 0.7 }.sample(&mut r, 2.0),
+        ];
+        let d = Discrete::new(&[(1, 0.5), (5, 0.3), (9, 0.2)]).unwrap();
+        let disc = [0; 4].map(|_| d.sample(&mut r));
+        // Within 1e-12 relative: the algorithm, not the last bit of a platform's libm.
+        for (g, p) in got.iter().zip(PINNED) {
+            assert!((g - p).abs() <= 1e-12 * p.abs(), "{got:?}");
+        }
+        assert_eq!(disc, PINNED_DISCRETE);
     }
 
     #[test]
