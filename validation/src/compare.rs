@@ -136,7 +136,7 @@ pub fn compare(
     // The measured records, from the log.
     let mut e = engine(cfg, trace, block_size, mem_store(cfg)?)?;
     replay_inputs(&mut e, inputs).map_err(SimError::Serve)?;
-    let measured_recs: Vec<RequestRecord> = e.served().iter().map(|s| s.rec.clone()).collect();
+    let measured_recs: Vec<RequestRecord> = e.served().iter().map(|s| s.rec).collect();
     let measured_done: Vec<bool> = e.served().iter().map(|s| s.done).collect();
     let c = *e.counters();
     let readbacks = e.cache().counters().readbacks;
