@@ -136,11 +136,18 @@ pub fn compare(
     // The measured records, from the log.
     let mut e = engine(cfg, trace, block_size, mem_store(cfg)?)?;
     replay_inputs(&mut e, inputs).map_err(SimError::Serve)?;
-    let measured_recs: Vec<RequestRecord> = e.served().iter().map(|s| s.rec.clone()).collect();
+    let measured_recs: Vec<RequestRecord> = e.served().iter().map(|s| s.rec).collect();
     let measured_done: Vec<bool> = e.served().iter().map(|s| s.done).collect();
     let c = *e.counters();
     let readbacks = e.cache().counters().readbacks;
-    let measured = Summary::of_run(cfg.mode, &cfg.slo, &measured_recs, &measured_done, &c, readbacks);
+    let measured = Summary::of_run(
+        cfg.mode,
+        &cfg.slo,
+        &measured_recs,
+        &measured_done,
+        &c,
+        readbacks,
+    );
     drop(e);
     // The same requests, arriving when they arrived.
     let mut timed_trace = trace.to_vec();
@@ -251,7 +258,10 @@ pub fn write(dir: &Path, title: &str, cs: &[Comparison]) -> Result<(), MeasureEr
     let p = dir.join("compare.parquet");
     table(cs).write_parquet(&p).map_err(|e| file(&p, &e))?;
     for (name, f) in [
-        ("TTFT", (|r: &RequestRecord| r.ttft_ns()) as fn(&RequestRecord) -> u64),
+        (
+            "TTFT",
+            (|r: &RequestRecord| r.ttft_ns()) as fn(&RequestRecord) -> u64,
+        ),
         ("E2E", |r: &RequestRecord| r.e2e_ns()),
     ] {
         let series: Vec<Pairs> = cs
@@ -283,7 +293,10 @@ pub fn table(cs: &[Comparison]) -> Table {
         Column::U64(rows.iter().map(|(_, m, s)| f(m, s)).collect())
     };
     Table::new()
-        .with("mode", Column::Str(rows.iter().map(|r| r.0.to_string()).collect()))
+        .with(
+            "mode",
+            Column::Str(rows.iter().map(|r| r.0.to_string()).collect()),
+        )
         .with("id", col(&|m, _| m.id))
         .with("arrival_ns", col(&|m, _| m.arrival_ns))
         .with("ttft_measured_ns", col(&|m, _| m.ttft_ns()))

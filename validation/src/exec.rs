@@ -38,7 +38,9 @@ impl<C: Compute> ComputeExecutor<C> {
         Self {
             compute,
             kv: (0..workers).map(|_| Mutex::new(None)).collect(),
-            pixels: (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect(),
+            pixels: (0..1u32 << 20)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+                .collect(),
         }
     }
 

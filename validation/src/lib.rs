@@ -14,6 +14,6 @@ pub mod compare;
 pub mod compute;
 pub mod exec;
 pub mod measure;
+pub mod mooncake;
 pub mod profile;
 pub mod study;
-pub mod mooncake;

@@ -61,7 +61,8 @@ pub struct RunSummary {
 
 /// The model, profile and pricing of `cfg`.
 pub fn models_of(cfg: &SimConfig) -> Result<(HardwareProfile, ModelSpec, CostPricing), SimError> {
-    let hw = HardwareProfile::resolve(&cfg.hardware).map_err(|e| SimError::Models("hardware", e))?;
+    let hw =
+        HardwareProfile::resolve(&cfg.hardware).map_err(|e| SimError::Models("hardware", e))?;
     let spec = ModelSpec::resolve(&cfg.model).map_err(|e| SimError::Models("model", e))?;
     let cost = CostModel::new(&hw, &spec, cfg.tp).map_err(|e| SimError::Models("cost model", e))?;
     let kind: LinkKind = serde_json::from_value(serde_json::Value::String(cfg.link.clone()))
@@ -119,7 +120,14 @@ pub fn run_trace<S: Store>(
         return Err(MeasureError::Diverged(d.clone()));
     }
     let summary = RunSummary {
-        summary: Summary::of_run(cfg.mode, &cfg.slo, &m.records, &m.done, &m.counters, readbacks),
+        summary: Summary::of_run(
+            cfg.mode,
+            &cfg.slo,
+            &m.records,
+            &m.done,
+            &m.counters,
+            readbacks,
+        ),
         wall_s: m.wall_ns as f64 / 1e9,
         actions: m.actions.len() as u64,
         same_decisions: same.is_none(),

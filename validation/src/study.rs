@@ -163,8 +163,12 @@ pub fn run_study(
     say("profiling operators (design grid)");
     let samples = profile::measure(&cfg.grid, exec.as_ref(), |_| {}).map_err(prof)?;
     say("profiling operators (hold-out set)");
-    let hold = profile::measure(&cfg.grid.holdout(cfg.seed, cfg.holdout), exec.as_ref(), |_| {})
-        .map_err(prof)?;
+    let hold = profile::measure(
+        &cfg.grid.holdout(cfg.seed, cfg.holdout),
+        exec.as_ref(),
+        |_| {},
+    )
+    .map_err(prof)?;
     let fitted = profile::fit(&hw0, &spec, &samples, &hold).map_err(prof)?;
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
     let hw_arg = profile_path.display().to_string();
@@ -198,9 +202,9 @@ pub fn run_study(
                     1.0,
                     RunOptions::default(),
                 )?;
-                let dir = out
-                    .join("runs")
-                    .join(format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k));
+                let dir =
+                    out.join("runs")
+                        .join(format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k));
                 write_run(&dir, &m, &s)?;
                 let mut c = compare(&mcfg, &trace, bs, &m.inputs, &hw_arg)?;
                 c.label = format!("{} {:.0}% #{}", mode.name(), 100.0 * load, k + 1);
@@ -264,7 +268,10 @@ pub fn write_profile(
     };
     std::fs::create_dir_all(dir).map_err(|e| file(dir, &e))?;
     let toml_path = dir.join("profile.toml");
-    let text = p.hardware.to_toml_string().map_err(|e| file(&toml_path, &e))?;
+    let text = p
+        .hardware
+        .to_toml_string()
+        .map_err(|e| file(&toml_path, &e))?;
     let header = format!(
         "# Fitted by `moonagent validate profile` for {} ({} samples); see profile.json.\n",
         p.hardware.description,
@@ -308,7 +315,8 @@ pub fn profile_markdown(p: &Profile) -> String {
 
 /// The study's report.
 pub fn report(st: &Study) -> String {
-    let mut s = String::from("# moonagent validate: simulated vs measured\n\n## Operator profile\n\n");
+    let mut s =
+        String::from("# moonagent validate: simulated vs measured\n\n## Operator profile\n\n");
     s.push_str(&profile_markdown(&st.profile));
     s.push_str("\n## Runs\n\n| mode | load | rate req/s | run | wall s | same decisions | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &st.runs {

@@ -287,6 +287,56 @@ fn chunked_prefill_equals_one_prefill() {
     assert_eq!(one, three);
 }
 
+/// Attention is two GEMMs over a block of query rows and all the keys the block needs
+/// (`S = Q K^T`, `O = P V`). Bit-identity across call shapes holds by construction:
+/// sgemm's value for one output element does not depend on the matrix shape, and `P V`
+/// sums over keys in fixed blocks of 256 from key 0 (`matrixmultiply`'s `kc`), where the
+/// masked (zero) probabilities past a row's last key add nothing. Sequences longer than
+/// one such block, split at points inside and across blocks, check that here.
+#[test]
+fn long_sequences_are_bit_identical_across_call_shapes() {
+    let n = 300u32;
+    let pages: Vec<u32> = (0..20).rev().collect();
+    // One prefill of n + 1 tokens.
+    let mut one = tiny().new_kv(20, PT).unwrap();
+    let t_one = prefill_one(
+        &pages,
+        0,
+        &[Rows::Text {
+            seed: 4,
+            count: n + 1,
+        }],
+        &mut one,
+    );
+    // Prefill of n, then decode the (n + 1)-th text token.
+    let mut dec = tiny().new_kv(20, PT).unwrap();
+    prefill_one(&pages, 0, &[Rows::Text { seed: 4, count: n }], &mut dec);
+    let t_dec = tiny()
+        .decode(
+            &mut dec,
+            &[DecodeSeq {
+                pages: &pages,
+                len: n,
+                token: text_token(4, u64::from(n), 4096),
+            }],
+        )
+        .unwrap()[0];
+    assert_eq!(t_one, t_dec);
+    assert_eq!(one, dec);
+    // Chunks of 100, 157 (ending past key 256) and 44 rows.
+    let mut chunked = tiny().new_kv(20, PT).unwrap();
+    let mut cached = 0;
+    let mut t_chunked = 0;
+    for count in [100, 157, 44] {
+        let rows = [Rows::Text { seed: 4, count }];
+        t_chunked = prefill_one(&pages, cached, &rows, &mut chunked);
+        cached += count;
+    }
+    assert_eq!(cached, n + 1);
+    assert_eq!(t_one, t_chunked);
+    assert_eq!(one, chunked);
+}
+
 #[test]
 fn batched_calls_equal_calls_one_by_one() {
     let img = image(16, 24);

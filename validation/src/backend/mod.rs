@@ -310,7 +310,7 @@ pub fn run<S: Store, R: RequestView>(
     }
     result?;
     m.counters = *engine.counters();
-    m.records = engine.served().iter().map(|s| s.rec.clone()).collect();
+    m.records = engine.served().iter().map(|s| s.rec).collect();
     m.done = engine.served().iter().map(|s| s.done).collect();
     Ok(m)
 }

@@ -6,8 +6,8 @@ use moonagent_models::ModelSpec;
 
 use super::kv::KvArena;
 use super::ops::{
-    add_into, attend_row, extend_from_bf16_bytes, gelu, normal, rms_norm, rope, swiglu,
-    to_bf16_bytes, Host, Linear, LinearExec,
+    add_into, attention, extend_from_bf16_bytes, gelu, normal, rms_norm, rope, swiglu,
+    to_bf16_bytes, AttnScratch, Host, Linear, LinearExec, ATTN_ROWS,
 };
 use super::{
     text_token, Compute, ComputeError, DecodeSeq, ImageInput, KvPages, PrefillChunk, Rows,
@@ -248,24 +248,32 @@ impl CpuCompute {
         out.extend((0..n).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32));
     }
 
-    /// Attention of the patches `s..e` among themselves (one window, or one whole image).
-    fn vit_attention(&self, qkv: &[f32], s: usize, e: usize, attn: &mut [f32]) {
+    /// Attention of the patches `s..e` among themselves (one window, or one whole image):
+    /// per head, `S = Q K^T` and `O = P V` as GEMMs over the window's rows.
+    fn vit_attention(
+        &self,
+        qkv: &[f32],
+        s: usize,
+        e: usize,
+        attn: &mut [f32],
+        sc: &mut AttnScratch,
+    ) {
         let h = self.v_hidden;
         let hd = h / self.v_heads;
         let n = e - s;
-        let (mut k, mut v, mut scores) = (Vec::new(), Vec::new(), Vec::new());
         for head in 0..self.v_heads {
-            k.clear();
-            v.clear();
-            for r in s..e {
-                let row = &qkv[r * 3 * h..(r + 1) * 3 * h];
-                k.extend_from_slice(&row[h + head * hd..h + (head + 1) * hd]);
-                v.extend_from_slice(&row[2 * h + head * hd..2 * h + (head + 1) * hd]);
+            let cols = head * hd..(head + 1) * hd;
+            sc.q.clear();
+            sc.k.clear();
+            sc.v.clear();
+            for row in qkv[s * 3 * h..e * 3 * h].chunks_exact(3 * h) {
+                sc.q.extend_from_slice(&row[cols.clone()]);
+                sc.k.extend_from_slice(&row[h + cols.start..h + cols.end]);
+                sc.v.extend_from_slice(&row[2 * h + cols.start..2 * h + cols.end]);
             }
-            for r in s..e {
-                let q = &qkv[r * 3 * h + head * hd..r * 3 * h + (head + 1) * hd];
-                let out = &mut attn[r * h + head * hd..r * h + (head + 1) * hd];
-                attend_row(q, &k, &v, n, &mut scores, out);
+            attention(sc, n, hd, n, |_| n);
+            for (r, o) in (s..e).zip(sc.o.chunks_exact(hd)) {
+                attn[r * h + cols.start..r * h + cols.end].copy_from_slice(o);
             }
         }
     }
@@ -300,7 +308,10 @@ impl CpuCompute {
                 }
             }
         }
-        let (mut kbuf, mut vbuf, mut scores) = (Vec::new(), Vec::new(), Vec::new());
+        // Query tokens per attention GEMM: their `group` heads are the GEMM's rows.
+        let tile = (ATTN_ROWS / group).max(1);
+        let gw = group * hd;
+        let mut sc = AttnScratch::default();
         for (l, layer) in self.layers.iter().enumerate() {
             let xn = rms_norm(&x, h, &layer.ln1);
             let mut qkv = exec.linear(&layer.qkv, &xn, rows)?;
@@ -325,18 +336,29 @@ impl CpuCompute {
             for s in seqs {
                 let ctx = s.start + s.n;
                 for g in 0..self.kv_heads {
+                    // The sequence's keys and values of this KV head, f32, once.
                     let cols = g * hd..(g + 1) * hd;
-                    kv.gather(s.pages, ctx, l, 0, cols.clone(), &mut kbuf);
-                    kv.gather(s.pages, ctx, l, 1, cols, &mut vbuf);
-                    for i in 0..s.n {
-                        let r = s.row0 + i;
-                        // Causal: position start + i sees keys 0..=start + i.
-                        let keys = s.start + i + 1;
-                        for hq in g * group..(g + 1) * group {
-                            let q = &qkv[r * width + hq * hd..r * width + (hq + 1) * hd];
-                            let out = &mut attn[r * q_dim + hq * hd..r * q_dim + (hq + 1) * hd];
-                            attend_row(q, &kbuf, &vbuf, keys, &mut scores, out);
+                    kv.gather(s.pages, ctx, l, 0, cols.clone(), &mut sc.k);
+                    kv.gather(s.pages, ctx, l, 1, cols, &mut sc.v);
+                    // Blocks of new tokens; rows are (token, query head of the group).
+                    let mut i0 = 0;
+                    while i0 < s.n {
+                        let i1 = (i0 + tile).min(s.n);
+                        sc.q.clear();
+                        for r in s.row0 + i0..s.row0 + i1 {
+                            let q = &qkv[r * width + g * gw..r * width + (g + 1) * gw];
+                            sc.q.extend_from_slice(q);
                         }
+                        // Causal: position start + i sees keys 0..=start + i, so the
+                        // block needs keys 0..start + i1.
+                        let first = s.start + i0 + 1;
+                        attention(&mut sc, (i1 - i0) * group, hd, s.start + i1, |row| {
+                            first + row / group
+                        });
+                        for (r, o) in (s.row0 + i0..s.row0 + i1).zip(sc.o.chunks_exact(gw)) {
+                            attn[r * q_dim + g * gw..r * q_dim + (g + 1) * gw].copy_from_slice(o);
+                        }
+                        i0 = i1;
                     }
                 }
             }
@@ -455,6 +477,7 @@ impl CpuCompute {
             spans.push((at, at + n));
             at += n;
         }
+        let mut sc = AttnScratch::default();
         for blk in &self.blocks {
             let xn = rms_norm(&x, h, &blk.ln1);
             let qkv = exec.linear(&blk.qkv, &xn, patches)?;
@@ -470,7 +493,7 @@ impl CpuCompute {
                 let mut w = s;
                 while w < e {
                     let we = (w + step).min(e);
-                    self.vit_attention(&qkv, w, we, &mut attn);
+                    self.vit_attention(&qkv, w, we, &mut attn, &mut sc);
                     w = we;
                 }
             }

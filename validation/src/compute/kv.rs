@@ -138,10 +138,12 @@ impl KvArena {
         out.clear();
         for pos in 0..len {
             let o = self.offset(table, pos, layer, kind);
+            // bf16 -> f32 is exact: the bits shifted into the high half (vectorises;
+            // unlike `half`, a signalling NaN stays signalling).
             out.extend(
                 self.data[o + cols.start..o + cols.end]
                     .iter()
-                    .map(|b| bf16::from_bits(*b).to_f32()),
+                    .map(|b| f32::from_bits(u32::from(*b) << 16)),
             );
         }
     }

@@ -11,7 +11,7 @@
 //!
 //! Backends: [`CpuCompute`] (host, `matrixmultiply`), and with the `cuda` feature
 //! `CudaCompute` (the same operators with cuBLAS GEMMs on device-resident weights; norms,
-//! attention and KV pages still on the host).
+//! attention (the CPU backend's GEMM attention) and KV pages still on the host).
 //!
 //! # What is modelled
 //! - **Encoder** (Qwen2.5-VL's ViT): deterministic processed pixels per image (from its
@@ -29,6 +29,17 @@
 //!   grouped-query attention of the new rows over the sequence's cached and new keys with a
 //!   causal mask, output projection, RMSNorm, SwiGLU MLP; final RMSNorm and the LM head on
 //!   the **last row only** (as serving engines do), whose argmax is the next token.
+//! - **Attention as batched GEMM**, as serving kernels run it (so its cost scales like the
+//!   simulator's, which prices attention FLOPs at GEMM efficiency). LLM (prefill and
+//!   decode): per sequence and KV head, the sequence's keys and values (positions
+//!   `0..len`) are gathered from its pages into contiguous f32 scratch once (bf16 -> f32
+//!   once per key), then for blocks of new tokens `S = Q K^T` is one sgemm whose rows are
+//!   (token, query head of the group) and whose columns are the keys, the causal mask and
+//!   a max-subtracted softmax run per row in f32, and `O = P V` is a second sgemm; decode
+//!   is the same with one row per query head. ViT: per window (or whole image) and head,
+//!   `S = Q K^T` and `O = P V` as sgemm. The softmax's exponential is a branch-free
+//!   polynomial `2^x` (Cephes' `expf`, about 2 ulp) so it vectorises, as GPU kernels use a
+//!   fast `exp2`. Scratch buffers are reused, never allocated per row.
 //! - **KV cache** in fixed-size pages of a host arena ([`KvArena`]) addressed through a
 //!   page table (a vLLM block table). K/V are written to the pages before attention and
 //!   attention reads them back through the page table, so prefill, chunked prefill and
@@ -52,10 +63,15 @@
 //! # Determinism
 //! Every output is a pure function of (spec, seed, inputs). A row's result does not depend
 //! on which other rows share its GEMMs (the sgemm kernel evaluates each output element the
-//! same way whatever the matrix height), and attention is evaluated row by row over exactly
-//! the keys the row may see, so an image encodes to the same bytes alone or in a batch and
-//! a sequence gets the same KV bytes and next token from one prefill, from chunked
-//! prefill, or from prefill followed by decode, whatever its page ids.
+//! same way whatever the matrix shape: edge tiles run the same kernel into a buffer), nor,
+//! in attention, on how many keys past its own the GEMMs span: its scores are the same dot
+//! products, its masked probabilities are exact zeros, and `P V` sums over keys in blocks
+//! at fixed offsets from key 0 (`matrixmultiply`'s `kc` of 256), sequentially within a
+//! block, so trailing zeros add nothing. So an image encodes to the same bytes alone or in
+//! a batch and a sequence gets the same KV bytes and next token from one prefill, from
+//! chunked prefill, or from prefill followed by decode, whatever its page ids (checked
+//! across the 256-key block boundary in `tests/compute.rs`). The results do depend on the
+//! sgemm kernel `matrixmultiply` selects for the CPU (FMA or not).
 
 mod cpu;
 #[cfg(feature = "cuda")]

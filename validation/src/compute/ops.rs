@@ -1,5 +1,5 @@
 //! The CPU backend's building blocks: GEMM (through `matrixmultiply`), linear layers,
-//! norms, activations, rotary embedding, one attention row, weight initialisation.
+//! norms, activations, rotary embedding, attention as two GEMMs, weight initialisation.
 
 use half::bf16;
 use moonagent_core::rng::Rng;
@@ -182,55 +182,176 @@ pub(crate) fn rope(v: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
-/// Dot product with eight running sums (vectorisable, and a fixed order).
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let ca = a.chunks_exact(8);
-    let cb = b.chunks_exact(8);
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
+/// `c = a * b^T` for row-major `a` (m x k), `b` (n x k), `c` (m x n); `c` is overwritten.
+pub(crate) fn matmul_bt(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, c: &mut [f32]) {
+    assert!(
+        a.len() >= m * k && b.len() >= n * k && c.len() >= m * n,
+        "matmul_bt shapes"
+    );
+    if m == 0 || n == 0 {
+        return;
     }
-    acc.iter().sum::<f32>() + tail
+    // SAFETY: `a` holds m*k values (row-major, strides k, 1), `b` n*k values read as its
+    // transpose (k x n: row stride 1, column stride k), `c` m*n values (strides n, 1),
+    // all checked above; `c` does not alias `a` or `b` (a `&mut` borrow).
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            k as isize,
+            1,
+            b.as_ptr(),
+            1,
+            k as isize,
+            0.0,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
 }
 
-/// Attention of one query row over the first `n` keys and values (each `n x head_dim`,
-/// position-major), scaled by `1/sqrt(head_dim)`, written to `out` (`head_dim`).
-/// `scores` is scratch. The result depends only on `q` and those `n` keys and values.
-pub(crate) fn attend_row(
-    q: &[f32],
-    keys: &[f32],
-    vals: &[f32],
-    n: usize,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
+/// `2^x` for `x <= 0` (softmax exponents in base 2), branch-free so a loop of it
+/// vectorises: Cephes' `expf` range reduction and polynomial (about 2 ulp), with `x`
+/// clamped below at -125 (whose power, 2.4e-38, is negligible beside the row maximum's 1).
+#[inline(always)]
+fn exp2_neg(x: f32) -> f32 {
+    // 1.5 * 2^23: adding it rounds to an integer, held in the low mantissa bits.
+    const MAGIC: f32 = 12_582_912.0;
+    let x = x.max(-125.0);
+    let t = x + MAGIC;
+    let n = t - MAGIC;
+    // e^r with r = (x - n) ln 2 in [-ln2/2, ln2/2].
+    let r = (x - n) * std::f32::consts::LN_2;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 0.166_666_65;
+    p = p * r + 0.5;
+    let e = p * r * r + r + 1.0;
+    // 2^n from the integer in t's mantissa (n in [-125, 0]).
+    let bits = (t.to_bits().wrapping_sub(MAGIC.to_bits()) as i32 + 127) << 23;
+    e * f32::from_bits(bits as u32)
+}
+
+/// Query rows per attention GEMM (a block of a long prefill's rows): the block's scores
+/// (`rows x keys` f32) stay in cache.
+pub(crate) const ATTN_ROWS: usize = 256;
+
+/// Scratch of [`attention`], grown to the largest call and reused (no allocation per row).
+#[derive(Debug, Default)]
+pub(crate) struct AttnScratch {
+    /// Keys of one head, position-major (`keys x head_dim`), f32.
+    pub k: Vec<f32>,
+    /// Values of one head, position-major (`keys x head_dim`), f32.
+    pub v: Vec<f32>,
+    /// Query rows (`rows x head_dim`).
+    pub q: Vec<f32>,
+    /// Scores, then probabilities (`rows x keys`).
+    s: Vec<f32>,
+    /// Output rows (`rows x head_dim`), after [`attention`].
+    pub o: Vec<f32>,
+    /// Each row's 1 / (sum of its softmax numerators).
+    inv: Vec<f32>,
+}
+
+/// Attention of the `rows` query rows in `sc.q` over the first `keys` keys and values in
+/// `sc.k`, `sc.v` (each `head_dim` wide), as two GEMMs, in the manner of a fused
+/// attention kernel: the queries are scaled by `log2(e) / sqrt(head_dim)`; `S = Q K^T`
+/// (sgemm); per row the mask (row `r` sees keys `0..visible(r)`, at least one and at most
+/// `keys`) and a max-subtracted softmax numerator `2^(s - max)` in f32; `O = P V` (sgemm)
+/// into `sc.o` (`rows x head_dim`), each row then divided by its sum.
+///
+/// A row's result depends only on its query and its visible keys and values, not on
+/// `rows`, `keys` or the other rows: sgemm computes each score as the same dot product
+/// whatever the matrix shape (`head_dim` is one k-block; edge tiles run the same kernel
+/// into a buffer), masked probabilities are exact zeros, and `P V` sums over keys in
+/// k-blocks at fixed offsets from key 0 (`matrixmultiply`'s `kc`, 256), sequentially
+/// within a block, so the zeros past a row's last visible key add nothing.
+pub(crate) fn attention(
+    sc: &mut AttnScratch,
+    rows: usize,
+    head_dim: usize,
+    keys: usize,
+    visible: impl Fn(usize) -> usize,
 ) {
-    let hd = q.len();
-    let scale = 1.0 / (hd as f32).sqrt();
-    scores.clear();
-    scores.extend(keys[..n * hd].chunks_exact(hd).map(|k| dot(q, k) * scale));
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+    sc.s.resize(rows * keys, 0.0);
+    sc.o.resize(rows * head_dim, 0.0);
+    sc.inv.clear();
+    if rows == 0 || keys == 0 {
+        return;
     }
-    let inv = 1.0 / sum;
-    out.fill(0.0);
-    for (p, v) in scores.iter().zip(vals[..n * hd].chunks_exact(hd)) {
-        let p = p * inv;
-        for (o, x) in out.iter_mut().zip(v) {
-            *o += p * x;
+    let scale = std::f32::consts::LOG2_E / (head_dim as f32).sqrt();
+    for v in &mut sc.q[..rows * head_dim] {
+        *v *= scale;
+    }
+    matmul_bt(&sc.q, rows, head_dim, &sc.k, keys, &mut sc.s);
+    for (r, row) in sc.s.chunks_exact_mut(keys).enumerate() {
+        let (seen, masked) = row.split_at_mut(visible(r).clamp(1, keys));
+        masked.fill(0.0);
+        sc.inv.push(1.0 / softmax_numerator(seen));
+    }
+    matmul(&sc.s, rows, keys, &sc.v, head_dim, &mut sc.o);
+    for (o, inv) in sc.o.chunks_exact_mut(head_dim).zip(&sc.inv) {
+        for v in o {
+            *v *= inv;
         }
     }
+}
+
+/// `x <- 2^(x - max x)`; returns the sum. On x86-64 with AVX2 the same code is compiled
+/// for 8-wide vectors: the same IEEE operations lane by lane (Rust never fuses a multiply
+/// and an add), so the same bits as the baseline 4-wide build.
+fn softmax_numerator(x: &mut [f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { softmax_numerator_avx2(x) };
+    }
+    softmax_numerator_generic(x)
+}
+
+/// [`softmax_numerator`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn softmax_numerator_avx2(x: &mut [f32]) -> f32 {
+    softmax_numerator_generic(x)
+}
+
+/// [`softmax_numerator`]: eight running maxima and sums (vectorisable, and a fixed order).
+#[inline(always)]
+fn softmax_numerator_generic(x: &mut [f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = x.chunks_exact(8);
+    let mut max = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for c in chunks {
+        for (m, v) in lanes.iter_mut().zip(c) {
+            *m = m.max(*v);
+        }
+    }
+    max = lanes.iter().copied().fold(max, f32::max);
+    let mut sums = [0.0f32; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for (s, v) in sums.iter_mut().zip(c.iter_mut()) {
+            *v = exp2_neg(*v - max);
+            *s += *v;
+        }
+    }
+    let mut sum: f32 = sums.iter().sum();
+    for v in chunks.into_remainder() {
+        *v = exp2_neg(*v - max);
+        sum += *v;
+    }
+    sum
 }
 
 /// f32 values as bf16 little-endian bytes.
@@ -249,4 +370,91 @@ pub(crate) fn extend_from_bf16_bytes(out: &mut Vec<f32>, bytes: &[u8]) {
             .chunks_exact(2)
             .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp2_neg_is_close_to_exp2() {
+        for i in 0..=130_000 {
+            let x = -(i as f32) * 1e-3;
+            let (got, want) = (exp2_neg(x), x.exp2());
+            if x >= -125.0 {
+                assert!((got - want).abs() <= 4e-7 * want, "{x}: {got} vs {want}");
+            } else {
+                assert!(got < 3e-38, "{x}: {got}");
+            }
+        }
+        assert_eq!(exp2_neg(0.0), 1.0);
+        assert!(exp2_neg(f32::NEG_INFINITY) < 3e-38);
+    }
+
+    /// The AVX2 build of the softmax gives the baseline build's bits.
+    #[test]
+    fn softmax_is_the_same_bits_in_every_build() {
+        let mut rng = Rng::stream(2, "softmax test");
+        for n in [1, 7, 8, 9, 64, 301] {
+            let x: Vec<f32> = normal(&mut rng, n).iter().map(|v| v * 400.0).collect();
+            let (mut a, mut b) = (x.clone(), x);
+            let (sa, sb) = (softmax_numerator(&mut a), softmax_numerator_generic(&mut b));
+            assert_eq!(sa.to_bits(), sb.to_bits());
+            assert_eq!(a, b);
+        }
+    }
+
+    /// GEMM attention against a direct f64 evaluation, with a causal-style mask.
+    #[test]
+    fn attention_matches_a_direct_evaluation() {
+        let (rows, hd, keys) = (37, 32, 300);
+        let mut rng = Rng::stream(1, "attention test");
+        let mut sc = AttnScratch {
+            k: normal(&mut rng, keys * hd)
+                .iter()
+                .map(|v| v * 50.0)
+                .collect(),
+            v: normal(&mut rng, keys * hd)
+                .iter()
+                .map(|v| v * 50.0)
+                .collect(),
+            ..AttnScratch::default()
+        };
+        let q: Vec<f32> = normal(&mut rng, rows * hd)
+            .iter()
+            .map(|v| v * 50.0)
+            .collect();
+        sc.q = q.clone();
+        let visible = |r: usize| keys - rows + 1 + r;
+        attention(&mut sc, rows, hd, keys, visible);
+        for r in 0..rows {
+            let qr = &q[r * hd..(r + 1) * hd];
+            let n = visible(r);
+            let s: Vec<f64> = (0..n)
+                .map(|j| {
+                    let k = &sc.k[j * hd..(j + 1) * hd];
+                    let d: f64 = qr
+                        .iter()
+                        .zip(k)
+                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                        .sum();
+                    d / (hd as f64).sqrt()
+                })
+                .collect();
+            let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for d in 0..hd {
+                let want: f64 = (0..n)
+                    .map(|j| e[j] * f64::from(sc.v[j * hd + d]))
+                    .sum::<f64>()
+                    / sum;
+                let got = f64::from(sc.o[r * hd + d]);
+                assert!(
+                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                    "{r} {d}: {got} vs {want}"
+                );
+            }
+        }
+    }
 }
