@@ -148,6 +148,9 @@ struct AllArgs {
     /// Modes (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "b0,b3")]
     modes: Vec<String>,
+    /// Loads as fractions of the simulated capacity (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "0.2,0.7")]
+    loads: Vec<f64>,
     /// A short run for tests: 30 requests, one repeat, a small profile grid.
     #[arg(long)]
     quick: bool,
@@ -316,8 +319,12 @@ fn all_cmd(a: AllArgs) -> Result<()> {
         modes: a.modes.iter().map(|m| mode_of(m)).collect::<Result<_>>()?,
         requests: a.requests,
         repeats: a.repeats,
+        loads: a.loads.clone(),
         ..StudyConfig::default()
     };
+    if let Some(l) = cfg.loads.iter().find(|l| !(**l > 0.0 && **l <= 2.0)) {
+        bail!("--loads: expected fractions of capacity in (0, 2], got {l}");
+    }
     if a.quick {
         cfg.requests = 30;
         cfg.repeats = 1;

@@ -121,6 +121,37 @@ impl Default for StudyConfig {
     }
 }
 
+/// Median of measured / predicted time over a run's compute steps (encode, prefill,
+/// decode without extras), with the fitted profile: 1 when every step ran as fast as when
+/// profiled alone. Above 1, the steps ran slower in the run than in the profile, e.g.
+/// because more workers were busy than the machine has cores.
+pub fn step_stretch(
+    timed: &[crate::backend::Timed],
+    hw: &HardwareProfile,
+    spec: &ModelSpec,
+) -> Result<f64, MeasureError> {
+    use crate::backend::{Step, Work};
+    let cost = moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
+    let mut r: Vec<f64> = timed
+        .iter()
+        .filter_map(|t| {
+            let p = match &t.what {
+                Work::Step(Step::Encode(tokens)) => cost.encoder_time_ns(tokens),
+                Work::Step(Step::Prefill(chunks)) => cost.prefill_batch_time_ns(chunks),
+                Work::Step(Step::Decode {
+                    batch,
+                    ctx_sum,
+                    extra,
+                }) if extra.is_empty() => cost.decode_iter_time_ns(*batch, *ctx_sum),
+                _ => return None,
+            };
+            (p > 0).then(|| t.measured_ns as f64 / p as f64)
+        })
+        .collect();
+    r.sort_by(f64::total_cmp);
+    Ok(if r.is_empty() { 1.0 } else { r[r.len() / 2] })
+}
+
 /// One measured run, compared.
 #[derive(Debug, Clone, Serialize)]
 pub struct StudyRun {
@@ -132,6 +163,8 @@ pub struct StudyRun {
     pub rate: f64,
     /// Repeat index.
     pub repeat: u32,
+    /// Median measured / profiled compute step time ([`step_stretch`]).
+    pub step_stretch: f64,
     /// The run's summary.
     pub run: RunSummary,
     /// Simulated against measured.
@@ -141,6 +174,10 @@ pub struct StudyRun {
 /// The result of `validate all`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Study {
+    /// Cores this machine offers (`available_parallelism`).
+    pub cores: usize,
+    /// Compute workers of each run (each a thread).
+    pub workers: u32,
     /// The profile fit.
     pub profile: Profile,
     /// Simulated saturated throughput per mode, requests per second.
@@ -206,6 +243,7 @@ pub fn run_study(
                     out.join("runs")
                         .join(format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k));
                 write_run(&dir, &m, &s)?;
+                let stretch = step_stretch(&m.timed, &fitted.hardware, &spec)?;
                 let mut c = compare(&mcfg, &trace, bs, &m.inputs, &hw_arg)?;
                 c.label = format!("{} {:.0}% #{}", mode.name(), 100.0 * load, k + 1);
                 runs.push(StudyRun {
@@ -213,13 +251,17 @@ pub fn run_study(
                     load,
                     rate,
                     repeat: k,
+                    step_stretch: stretch,
                     run: s,
                     comparison: c,
                 });
             }
         }
     }
+    let base_cfg = cpu_config(Mode::B3);
     let study = Study {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        workers: base_cfg.encoders + base_cfg.prefills + base_cfg.decodes,
         profile: fitted,
         capacity_rps: capacity,
         runs,
@@ -318,17 +360,28 @@ pub fn report(st: &Study) -> String {
     let mut s =
         String::from("# moonagent validate: simulated vs measured\n\n## Operator profile\n\n");
     s.push_str(&profile_markdown(&st.profile));
-    s.push_str("\n## Runs\n\n| mode | load | rate req/s | run | wall s | same decisions | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str(&format!(
+        "\n## Runs\n\n{} compute workers (threads) on {} cores{}. Step stretch: median measured / profiled time of the run's compute steps (1.0: as fast as profiled alone).\n\n",
+        st.workers,
+        st.cores,
+        if st.workers as usize > st.cores {
+            ": when more workers are busy than there are cores, steps stretch (up to workers / cores) and the simulator, which gives every worker its own device, predicts too fast"
+        } else {
+            ""
+        }
+    ));
+    s.push_str("| mode | load | rate req/s | run | wall s | same decisions | step stretch | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &st.runs {
         let c = &r.comparison;
         s.push_str(&format!(
-            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
+            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {:.2} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
             r.mode,
             100.0 * r.load,
             r.rate,
             r.repeat,
             r.run.wall_s,
             if r.run.same_decisions { "yes" } else { "NO" },
+            r.step_stretch,
             c.ttft.median_abs_pct,
             c.ttft.bias_pct,
             c.e2e.median_abs_pct,
@@ -340,6 +393,38 @@ pub fn report(st: &Study) -> String {
             100.0 * c.kv_block_hit_rate.1,
         ));
     }
+    s.push_str("\n## Per mode and load, median over repeats\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | throughput err % | image hit diff pt | KV hit diff pt | step stretch |\n|---|---|---|---|---|---|---|---|---|\n");
+    let mut keys: Vec<(String, u64)> = st
+        .runs
+        .iter()
+        .map(|r| (r.mode.clone(), (r.load * 1000.0) as u64))
+        .collect();
+    keys.dedup();
+    for (mode, load) in keys {
+        let rs: Vec<&StudyRun> = st
+            .runs
+            .iter()
+            .filter(|r| r.mode == mode && (r.load * 1000.0) as u64 == load)
+            .collect();
+        let med = |f: &dyn Fn(&StudyRun) -> f64| {
+            let mut v: Vec<f64> = rs.iter().map(|r| f(r)).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let rel = |(m, s): (f64, f64)| if m > 0.0 { 100.0 * (s - m) / m } else { 0.0 };
+        s.push_str(&format!(
+            "| {mode} | {:.0}% | {} | {:.1} | {:.1} | {:+.1} | {:+.1} | {:+.1} | {:.2} |\n",
+            load as f64 / 10.0,
+            rs.len(),
+            med(&|r| r.comparison.ttft.median_abs_pct),
+            med(&|r| r.comparison.e2e.median_abs_pct),
+            med(&|r| rel(r.comparison.throughput_rps)),
+            med(&|r| 100.0 * (r.comparison.image_hit_rate.1 - r.comparison.image_hit_rate.0)),
+            med(&|r| 100.0 * (r.comparison.kv_block_hit_rate.1 - r.comparison.kv_block_hit_rate.0)),
+            med(&|r| r.step_stretch),
+        ));
+    }
+    s.push_str("\nAt light load the throughput is the offered rate on both sides; it tests nothing there.\n");
     s.push_str("\n## Per run, every metric\n\n");
     for r in &st.runs {
         s.push_str(&r.comparison.markdown(&format!(
