@@ -121,35 +121,37 @@ impl Default for StudyConfig {
     }
 }
 
-/// Median of measured / predicted time over a run's compute steps (encode, prefill,
-/// decode without extras), with the fitted profile: 1 when every step ran as fast as when
-/// profiled alone. Above 1, the steps ran slower in the run than in the profile, e.g.
-/// because more workers were busy than the machine has cores.
+/// Median of measured / predicted time of a run's compute steps with the fitted profile,
+/// per kind: `[encode, prefill, decode]` (decode iterations without extras). 1 when the
+/// steps ran as fast as when profiled alone; above 1 they ran slower in the run, e.g.
+/// because more workers were busy than the machine has cores. 0 for a kind that never ran.
 pub fn step_stretch(
     timed: &[crate::backend::Timed],
     hw: &HardwareProfile,
     spec: &ModelSpec,
-) -> Result<f64, MeasureError> {
+) -> Result<[f64; 3], MeasureError> {
     use crate::backend::{Step, Work};
     let cost = moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
-    let mut r: Vec<f64> = timed
-        .iter()
-        .filter_map(|t| {
-            let p = match &t.what {
-                Work::Step(Step::Encode(tokens)) => cost.encoder_time_ns(tokens),
-                Work::Step(Step::Prefill(chunks)) => cost.prefill_batch_time_ns(chunks),
-                Work::Step(Step::Decode {
-                    batch,
-                    ctx_sum,
-                    extra,
-                }) if extra.is_empty() => cost.decode_iter_time_ns(*batch, *ctx_sum),
-                _ => return None,
-            };
-            (p > 0).then(|| t.measured_ns as f64 / p as f64)
-        })
-        .collect();
-    r.sort_by(f64::total_cmp);
-    Ok(if r.is_empty() { 1.0 } else { r[r.len() / 2] })
+    let mut r: [Vec<f64>; 3] = Default::default();
+    for t in timed {
+        let (k, p) = match &t.what {
+            Work::Step(Step::Encode(tokens)) => (0, cost.encoder_time_ns(tokens)),
+            Work::Step(Step::Prefill(chunks)) => (1, cost.prefill_batch_time_ns(chunks)),
+            Work::Step(Step::Decode {
+                batch,
+                ctx_sum,
+                extra,
+            }) if extra.is_empty() => (2, cost.decode_iter_time_ns(*batch, *ctx_sum)),
+            _ => continue,
+        };
+        if p > 0 {
+            r[k].push(t.measured_ns as f64 / p as f64);
+        }
+    }
+    Ok(r.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }))
 }
 
 /// One measured run, compared.
@@ -163,8 +165,8 @@ pub struct StudyRun {
     pub rate: f64,
     /// Repeat index.
     pub repeat: u32,
-    /// Median measured / profiled compute step time ([`step_stretch`]).
-    pub step_stretch: f64,
+    /// Median measured / profiled compute step time per kind ([`step_stretch`]).
+    pub step_stretch: [f64; 3],
     /// The run's summary.
     pub run: RunSummary,
     /// Simulated against measured.
@@ -355,13 +357,17 @@ pub fn profile_markdown(p: &Profile) -> String {
     s
 }
 
+fn stretch_text(s: [f64; 3]) -> String {
+    format!("{:.2} / {:.2} / {:.2}", s[0], s[1], s[2])
+}
+
 /// The study's report.
 pub fn report(st: &Study) -> String {
     let mut s =
         String::from("# moonagent validate: simulated vs measured\n\n## Operator profile\n\n");
     s.push_str(&profile_markdown(&st.profile));
     s.push_str(&format!(
-        "\n## Runs\n\n{} compute workers (threads) on {} cores{}. Step stretch: median measured / profiled time of the run's compute steps (1.0: as fast as profiled alone).\n\n",
+        "\n## Runs\n\n{} compute workers (threads) on {} cores{}. Step stretch E/P/D: median measured / profiled time of the run's encode, prefill and decode steps (1.00: as fast as profiled alone).\n\n",
         st.workers,
         st.cores,
         if st.workers as usize > st.cores {
@@ -370,18 +376,18 @@ pub fn report(st: &Study) -> String {
             ""
         }
     ));
-    s.push_str("| mode | load | rate req/s | run | wall s | same decisions | step stretch | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| mode | load | rate req/s | run | wall s | same decisions | step stretch E/P/D | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &st.runs {
         let c = &r.comparison;
         s.push_str(&format!(
-            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {:.2} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
+            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
             r.mode,
             100.0 * r.load,
             r.rate,
             r.repeat,
             r.run.wall_s,
             if r.run.same_decisions { "yes" } else { "NO" },
-            r.step_stretch,
+            stretch_text(r.step_stretch),
             c.ttft.median_abs_pct,
             c.ttft.bias_pct,
             c.e2e.median_abs_pct,
@@ -393,7 +399,7 @@ pub fn report(st: &Study) -> String {
             100.0 * c.kv_block_hit_rate.1,
         ));
     }
-    s.push_str("\n## Per mode and load, median over repeats\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | throughput err % | image hit diff pt | KV hit diff pt | step stretch |\n|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("\n## Per mode and load, median over repeats\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|\n");
     let mut keys: Vec<(String, u64)> = st
         .runs
         .iter()
@@ -413,7 +419,7 @@ pub fn report(st: &Study) -> String {
         };
         let rel = |(m, s): (f64, f64)| if m > 0.0 { 100.0 * (s - m) / m } else { 0.0 };
         s.push_str(&format!(
-            "| {mode} | {:.0}% | {} | {:.1} | {:.1} | {:+.1} | {:+.1} | {:+.1} | {:.2} |\n",
+            "| {mode} | {:.0}% | {} | {:.1} | {:.1} | {:+.1} | {:+.1} | {:+.1} | {} |\n",
             load as f64 / 10.0,
             rs.len(),
             med(&|r| r.comparison.ttft.median_abs_pct),
@@ -421,7 +427,7 @@ pub fn report(st: &Study) -> String {
             med(&|r| rel(r.comparison.throughput_rps)),
             med(&|r| 100.0 * (r.comparison.image_hit_rate.1 - r.comparison.image_hit_rate.0)),
             med(&|r| 100.0 * (r.comparison.kv_block_hit_rate.1 - r.comparison.kv_block_hit_rate.0)),
-            med(&|r| r.step_stretch),
+            stretch_text([0, 1, 2].map(|k| med(&|r| r.step_stretch[k]))),
         ));
     }
     s.push_str("\nAt light load the throughput is the offered rate on both sides; it tests nothing there.\n");
