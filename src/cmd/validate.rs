@@ -240,7 +240,7 @@ fn run_cmd(a: RunArgs) -> Result<()> {
     if let Some(h) = &a.hardware {
         cfg.hardware = h.clone();
     }
-    if !(a.speedup > 0.0) {
+    if a.speedup.is_nan() || a.speedup <= 0.0 {
         bail!("--speedup: expected > 0, got {}", a.speedup);
     }
     let (trace, bs) = match &a.trace {
@@ -267,11 +267,20 @@ fn run_cmd(a: RunArgs) -> Result<()> {
                     "--store mooncake needs MOONAGENT_MOONCAKE_BRIDGE (start a store with `bash scripts/mooncake.sh up` and export what it prints)"
                 ),
             };
+            // A fresh namespace: the store may hold an earlier run's objects, and the run
+            // must start from an empty store to replay to the same decisions.
+            let ns = format!(
+                "validate-{}-{}/",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            );
             run_trace(
                 &cfg,
                 &trace,
                 bs,
-                store,
+                moonagent_core::store::Recorded::namespaced(store, &ns),
                 exec,
                 a.speedup,
                 RunOptions::default(),
@@ -283,11 +292,12 @@ fn run_cmd(a: RunArgs) -> Result<()> {
     write_run(&a.out, &m, &s)?;
     let sm = &s.summary;
     println!(
-        "{}: {} of {} requests in {:.1} s; TTFT p50 {:.1} ms p95 {:.1} ms; {:.3} req/s; image hits {:.1}%, KV block hits {:.1}%; {} actions, same decisions on replay: {}",
+        "{}: {} of {} requests in {:.1} s (engine decisions, store calls included: {:.2} s); TTFT p50 {:.1} ms p95 {:.1} ms; {:.3} req/s; image hits {:.1}%, KV block hits {:.1}%; {} actions, same decisions on replay: {}",
         sm.mode,
         sm.completed,
         sm.injected,
         s.wall_s,
+        s.engine_s,
         sm.ttft_ms.p50,
         sm.ttft_ms.p95,
         sm.throughput_rps,
@@ -308,7 +318,11 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
     };
     let inputs = read_inputs(&a.run.join("inputs.jsonl"))?;
     let c = moonagent_validation::compare::compare(&cfg, &trace, bs, &inputs, &a.hardware)?;
-    moonagent_validation::compare::write(&a.out, "simulated vs measured", &[c.clone()])?;
+    moonagent_validation::compare::write(
+        &a.out,
+        "simulated vs measured",
+        std::slice::from_ref(&c),
+    )?;
     println!("{}", c.markdown("simulated vs measured"));
     eprintln!("wrote {}", a.out.display());
     Ok(())
@@ -322,7 +336,11 @@ fn all_cmd(a: AllArgs) -> Result<()> {
         loads: a.loads.clone(),
         ..StudyConfig::default()
     };
-    if let Some(l) = cfg.loads.iter().find(|l| !(**l > 0.0 && **l <= 2.0)) {
+    if let Some(l) = cfg
+        .loads
+        .iter()
+        .find(|l| l.is_nan() || **l <= 0.0 || **l > 2.0)
+    {
         bail!("--loads: expected fractions of capacity in (0, 2], got {l}");
     }
     if a.quick {

@@ -53,6 +53,9 @@ pub struct RunSummary {
     pub summary: Summary,
     /// Wall time of the run, s.
     pub wall_s: f64,
+    /// Wall time the engine's decisions took on the driver's thread (store operations of
+    /// the decision plane included), s.
+    pub engine_s: f64,
     /// Actions the engine decided.
     pub actions: u64,
     /// The input log replayed through a fresh engine gave the same action log.
@@ -114,7 +117,11 @@ pub fn run_trace<S: Store>(
     let readbacks = e.cache().counters().readbacks;
     drop(e);
     let mut fresh = engine(cfg, trace, block_size, mem_store(cfg)?)?;
-    let replayed = replay_inputs(&mut fresh, &m.inputs).map_err(SimError::Serve)?;
+    let replayed = replay_inputs(&mut fresh, &m.inputs).map_err(|e| {
+        MeasureError::Diverged(format!(
+            "a fresh engine on a fresh embedded store refused the log: {e} (did the run's store hold objects before it started? runs on a real store use a fresh namespace)"
+        ))
+    })?;
     let same = first_difference(&replayed, &m.actions);
     if let Some(d) = &same {
         return Err(MeasureError::Diverged(d.clone()));
@@ -129,6 +136,7 @@ pub fn run_trace<S: Store>(
             readbacks,
         ),
         wall_s: m.wall_ns as f64 / 1e9,
+        engine_s: m.engine_ns as f64 / 1e9,
         actions: m.actions.len() as u64,
         same_decisions: same.is_none(),
     };

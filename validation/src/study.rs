@@ -131,7 +131,8 @@ pub fn step_stretch(
     spec: &ModelSpec,
 ) -> Result<[f64; 3], MeasureError> {
     use crate::backend::{Step, Work};
-    let cost = moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
+    let cost =
+        moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
     let mut r: [Vec<f64>; 3] = Default::default();
     for t in timed {
         let (k, p) = match &t.what {

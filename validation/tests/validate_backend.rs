@@ -27,7 +27,7 @@ use moonagent_validation::exec::ComputeExecutor;
 use moonagent_validation::measure::{engine, mem_store, run_trace};
 use moonagent_validation::mooncake::{BridgeStore, BRIDGE_ENV};
 use moonagent_validation::profile::{self, Grid};
-use moonagent_validation::study::{cpu_config, generate, write_profile};
+use moonagent_validation::study::{cpu_config, generate, step_stretch, write_profile};
 
 fn bridge() -> Option<BridgeStore> {
     match BridgeStore::from_env() {
@@ -64,8 +64,10 @@ fn a_measured_run_replays_to_its_decisions_and_the_fitted_simulator_predicts_it_
     let path = write_profile(&dir, &fitted, &samples, &hold).unwrap();
     let hw = path.display().to_string();
 
-    // A light load: 24 requests at 2 per second.
-    let (trace, bs) = generate(24, 2.0, 99).unwrap();
+    // A light load (20 requests at 1 per second, about 10% of the cluster's capacity):
+    // TTFT is mostly service time, so the check below bounds the profile's error and the
+    // machine's slowdown, not queueing amplified by them.
+    let (trace, bs) = generate(20, 1.0, 99).unwrap();
     let cfg = SimConfig {
         hardware: hw.clone(),
         ..cpu_config(Mode::B3)
@@ -97,22 +99,31 @@ fn a_measured_run_replays_to_its_decisions_and_the_fitted_simulator_predicts_it_
         .unwrap(),
     };
     assert!(s.same_decisions);
+    let stretch = step_stretch(&m.timed, &fitted.hardware, &spec).unwrap();
+    println!(
+        "wall {:.1} s, engine decisions {:.2} s, {} actions, step stretch E/P/D {stretch:?}",
+        s.wall_s, s.engine_s, s.actions
+    );
     assert!(m.done.iter().all(|&d| d), "not every request finished");
 
     // Same decisions, checked here too: a fresh engine fed the input log.
     let mut fresh = engine(&cfg, &trace, bs, mem_store(&cfg).unwrap()).unwrap();
     let replayed = replay_inputs(&mut fresh, &m.inputs).unwrap();
     assert_eq!(replayed, m.actions);
-    let recs: Vec<_> = fresh.served().iter().map(|x| x.rec.clone()).collect();
-    assert_eq!(recs, m.records, "replayed records differ from the measured ones");
+    let recs: Vec<_> = fresh.served().iter().map(|x| x.rec).collect();
+    assert_eq!(
+        recs, m.records,
+        "replayed records differ from the measured ones"
+    );
 
     // Loosely predicted.
     let c = compare(&cfg, &trace, bs, &m.inputs, &hw).unwrap();
     assert_eq!(c.pairs.len(), trace.len());
+    assert!(c.image_hit_rate.0 > 0.0, "no image hit to compare");
     let ratio = c.ttft.simulated_p50_ms / c.ttft.measured_p50_ms;
     assert!(
         (1.0 / 3.0..=3.0).contains(&ratio),
-        "median TTFT: simulated {:.1} ms vs measured {:.1} ms",
+        "median TTFT: simulated {:.1} ms vs measured {:.1} ms (step stretch E/P/D {stretch:?}: a loaded machine?)",
         c.ttft.simulated_p50_ms,
         c.ttft.measured_p50_ms
     );

@@ -173,6 +173,11 @@ pub struct Measured {
     pub timed: Vec<Timed>,
     /// Wall time of the whole run, ns.
     pub wall_ns: u64,
+    /// Wall time the main thread spent inside the engine (its decisions, including every
+    /// store operation of the decision plane: lookups, commits, readbacks, prefix-KV
+    /// `exists` and puts), ns. The simulator prices none of it; with a real store over the
+    /// network it is what delays dispatch.
+    pub engine_ns: u64,
 }
 
 /// A completion (or failure) reported by a backend thread.
@@ -273,6 +278,7 @@ pub fn run<S: Store, R: RequestView>(
                 }
             };
             let now = elapsed(start);
+            let t_engine = Instant::now();
             let input = match event {
                 Some(Event::Failed(e)) => return Err(e),
                 Some(Event::Done(done, timed)) => {
@@ -297,6 +303,7 @@ pub fn run<S: Store, R: RequestView>(
                 inflight += dispatch(&a, &compute, &nics, &ftx)?;
                 m.actions.push((now, a));
             }
+            m.engine_ns += t_engine.elapsed().as_nanos() as u64;
         }
     })();
     m.wall_ns = elapsed(start);

@@ -134,3 +134,69 @@ fn a_hanging_worker_is_reported_as_a_stall_within_the_timeout() {
     // Reported after the stall timeout, without waiting for the hung step (3 s).
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 }
+
+#[test]
+fn corrupt_and_lost_objects_are_misses_and_the_run_finishes() {
+    use moonagent_core::faulty::{FaultKind, FaultyStore};
+    let trace = toy_trace(8, 40, 16);
+    let arrivals: Vec<u64> = (0..trace.len() as u64).map(|i| i * 100_000).collect();
+    let mut store = FaultyStore::new(store(), 3);
+    for k in [
+        FaultKind::DropBlob,
+        FaultKind::CorruptBlob,
+        FaultKind::TruncateBlob,
+        FaultKind::DropMeta,
+        FaultKind::CorruptMeta,
+    ] {
+        store.set_rate(k, 0.3);
+    }
+    let mut e = Engine::new(
+        toy_config(Mode::B3, Payloads::Bytes),
+        store,
+        &trace,
+        Some(Box::new(ToyPricing)),
+    )
+    .unwrap();
+    let m = run(
+        &mut e,
+        &arrivals,
+        Arc::new(Spin::new()),
+        RunOptions::default(),
+    )
+    .unwrap();
+    assert!(m.done.iter().all(|&d| d), "not every request finished");
+    // Fail open: the bad objects were misses (recomputed), counted by reason.
+    let misses = e.cache().counters().misses;
+    let bad = misses.corrupt_blob + misses.blob_missing + misses.not_found + misses.corrupt_meta;
+    assert!(bad > 0, "no fault surfaced as a miss: {misses:?}");
+}
+
+#[test]
+fn an_unreachable_store_stops_the_run_with_its_error_at_once() {
+    use moonagent_core::faulty::{FaultKind, FaultyStore};
+    let trace = toy_trace(9, 40, 16);
+    let arrivals: Vec<u64> = (0..trace.len() as u64).map(|i| i * 100_000).collect();
+    let mut store = FaultyStore::new(store(), 4);
+    store.set_rate(FaultKind::Unavailable, 0.05);
+    let mut e = Engine::new(
+        toy_config(Mode::B3, Payloads::Bytes),
+        store,
+        &trace,
+        Some(Box::new(ToyPricing)),
+    )
+    .unwrap();
+    let t = Instant::now();
+    let err = run(
+        &mut e,
+        &arrivals,
+        Arc::new(Spin::new()),
+        RunOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, BackendError::Serve(_)),
+        "expected the store's error, got {err}"
+    );
+    assert!(err.to_string().contains("unavailable"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
