@@ -67,8 +67,9 @@ enum StoreKind {
     Mooncake,
 }
 
+/// The trace of a run: a file, or the generated validation workload.
 #[derive(Args, Debug)]
-struct RunArgs {
+struct WorkloadArgs {
     /// Trace (moonagent schema, .jsonl or .parquet); default: the validation workload
     /// (`--requests`, `--rate`, `--seed`).
     #[arg(long)]
@@ -82,6 +83,21 @@ struct RunArgs {
     /// Seed of the generated validation workload.
     #[arg(long, default_value_t = 17)]
     seed: u64,
+}
+
+impl WorkloadArgs {
+    fn load(&self) -> Result<(Vec<moonagent_traces::schema::Request>, u32)> {
+        match &self.trace {
+            Some(p) => read_trace(p),
+            None => Ok(study::generate(self.requests, self.rate, self.seed)?),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    workload: WorkloadArgs,
     /// Simulator configuration (TOML or JSON SimConfig; default: the CPU validation cluster).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -107,19 +123,9 @@ struct CompareArgs {
     /// A folder written by `moonagent validate run` (its inputs.jsonl).
     #[arg(long)]
     run: PathBuf,
-    /// The trace that run replayed (default: the generated validation workload, with the
-    /// same `--requests`, `--rate` and `--seed` as the run).
-    #[arg(long)]
-    trace: Option<PathBuf>,
-    /// Requests of the generated validation workload.
-    #[arg(long, default_value_t = 200)]
-    requests: u64,
-    /// Arrival rate of the generated validation workload, requests per second.
-    #[arg(long, default_value_t = 1.0)]
-    rate: f64,
-    /// Seed of the generated validation workload.
-    #[arg(long, default_value_t = 17)]
-    seed: u64,
+    /// The trace that run replayed (`compare` needs the same trace arguments as `run`).
+    #[command(flatten)]
+    workload: WorkloadArgs,
     /// The run's configuration, if it was not the default.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -243,10 +249,7 @@ fn run_cmd(a: RunArgs) -> Result<()> {
     if a.speedup.is_nan() || a.speedup <= 0.0 {
         bail!("--speedup: expected > 0, got {}", a.speedup);
     }
-    let (trace, bs) = match &a.trace {
-        Some(p) => read_trace(p)?,
-        None => study::generate(a.requests, a.rate, a.seed)?,
-    };
+    let (trace, bs) = a.workload.load()?;
     let exec = executor(&cfg, 0)?;
     let pb = progress::spinner("validate run", "", true);
     pb.set_message(format!("{} requests, {}", trace.len(), cfg.mode.name()));
@@ -312,10 +315,7 @@ fn run_cmd(a: RunArgs) -> Result<()> {
 
 fn compare_cmd(a: CompareArgs) -> Result<()> {
     let cfg = config(&a.config, &a.mode)?;
-    let (trace, bs) = match &a.trace {
-        Some(p) => read_trace(p)?,
-        None => study::generate(a.requests, a.rate, a.seed)?,
-    };
+    let (trace, bs) = a.workload.load()?;
     let inputs = read_inputs(&a.run.join("inputs.jsonl"))?;
     let c = moonagent_validation::compare::compare(&cfg, &trace, bs, &inputs, &a.hardware)?;
     moonagent_validation::compare::write(

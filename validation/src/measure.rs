@@ -14,8 +14,7 @@ use std::sync::Arc;
 use moonagent_core::serve::toy::{replay_inputs, Input};
 use moonagent_core::serve::{Action, Engine, Payloads};
 use moonagent_core::store::{MemStore, Store, StoreKey};
-use moonagent_models::{CostModel, HardwareProfile, LinkKind, ModelSpec};
-use moonagent_sim::des::cluster::{engine_config, CostPricing};
+use moonagent_sim::des::cluster::{engine_config, models_of};
 use moonagent_sim::des::metrics::records_table;
 use moonagent_sim::des::{SimConfig, SimError, Summary};
 use moonagent_traces::schema::Request;
@@ -60,21 +59,6 @@ pub struct RunSummary {
     pub actions: u64,
     /// The input log replayed through a fresh engine gave the same action log.
     pub same_decisions: bool,
-}
-
-/// The model, profile and pricing of `cfg`.
-pub fn models_of(cfg: &SimConfig) -> Result<(HardwareProfile, ModelSpec, CostPricing), SimError> {
-    let hw =
-        HardwareProfile::resolve(&cfg.hardware).map_err(|e| SimError::Models("hardware", e))?;
-    let spec = ModelSpec::resolve(&cfg.model).map_err(|e| SimError::Models("model", e))?;
-    let cost = CostModel::new(&hw, &spec, cfg.tp).map_err(|e| SimError::Models("cost model", e))?;
-    let kind: LinkKind = serde_json::from_value(serde_json::Value::String(cfg.link.clone()))
-        .map_err(|_| SimError::Config {
-            field: "link",
-            what: format!("expected nvlink, rdma, tcp or pcie, got {:?}", cfg.link),
-        })?;
-    let link = *hw.link(kind).map_err(|e| SimError::Models("link", e))?;
-    Ok((hw, spec, CostPricing { cost, link }))
 }
 
 /// A fresh engine for `cfg` over `trace` on `store`, with real payloads.

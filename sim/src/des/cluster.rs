@@ -100,6 +100,22 @@ impl Pricing for CostPricing {
     }
 }
 
+/// The hardware profile, model spec and prices (cost model and link) `cfg` names: what the
+/// simulator prices with, and what the real backend builds its engine's pricing from.
+pub fn models_of(cfg: &SimConfig) -> Result<(HardwareProfile, ModelSpec, CostPricing), SimError> {
+    let hw =
+        HardwareProfile::resolve(&cfg.hardware).map_err(|e| SimError::Models("hardware", e))?;
+    let spec = ModelSpec::resolve(&cfg.model).map_err(|e| SimError::Models("model", e))?;
+    let cost = CostModel::new(&hw, &spec, cfg.tp).map_err(|e| SimError::Models("cost model", e))?;
+    let kind: LinkKind = serde_json::from_value(serde_json::Value::String(cfg.link.clone()))
+        .map_err(|_| SimError::Config {
+            field: "link",
+            what: format!("expected nvlink, rdma, tcp or pcie, got {:?}", cfg.link),
+        })?;
+    let link = *hw.link(kind).map_err(|e| SimError::Models("link", e))?;
+    Ok((hw, spec, CostPricing { cost, link }))
+}
+
 /// A simulation over one trace under one configuration.
 pub struct Simulation<'a> {
     cfg: SimConfig,
@@ -119,17 +135,7 @@ impl<'a> Simulation<'a> {
     /// Build the cluster for `cfg` over `trace` (prefix blocks of `block_size` tokens).
     pub fn new(cfg: &SimConfig, trace: &'a [Request], block_size: u32) -> Result<Self, SimError> {
         cfg.validate()?;
-        let hw =
-            HardwareProfile::resolve(&cfg.hardware).map_err(|e| SimError::Models("hardware", e))?;
-        let spec = ModelSpec::resolve(&cfg.model).map_err(|e| SimError::Models("model", e))?;
-        let cost =
-            CostModel::new(&hw, &spec, cfg.tp).map_err(|e| SimError::Models("cost model", e))?;
-        let kind: LinkKind = serde_json::from_value(serde_json::Value::String(cfg.link.clone()))
-            .map_err(|_| SimError::Config {
-                field: "link",
-                what: format!("expected nvlink, rdma, tcp or pcie, got {:?}", cfg.link),
-            })?;
-        let link = *hw.link(kind).map_err(|e| SimError::Models("link", e))?;
+        let (hw, spec, CostPricing { cost, link }) = models_of(cfg)?;
         let ecfg = engine_config(cfg, &cost, &hw, &spec, block_size)?;
         let store: MemStore<StoreKey> =
             MemStore::with_policy(cfg.store.clone(), &cfg.policy).map_err(SimError::Policy)?;

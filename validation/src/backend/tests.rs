@@ -135,6 +135,15 @@ fn a_hanging_worker_is_reported_as_a_stall_within_the_timeout() {
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 }
 
+/// B3 with real bytes over `store`.
+fn b3_bytes<'a, S: moonagent_core::store::Store>(
+    store: S,
+    trace: &'a [moonagent_core::serve::toy::ToyRequest],
+) -> Engine<'a, S, moonagent_core::serve::toy::ToyRequest> {
+    let cfg = toy_config(Mode::B3, Payloads::Bytes);
+    Engine::new(cfg, store, trace, Some(Box::new(ToyPricing))).unwrap()
+}
+
 #[test]
 fn corrupt_and_lost_objects_are_misses_and_the_run_finishes() {
     use moonagent_core::faulty::{FaultKind, FaultyStore};
@@ -150,13 +159,7 @@ fn corrupt_and_lost_objects_are_misses_and_the_run_finishes() {
     ] {
         store.set_rate(k, 0.3);
     }
-    let mut e = Engine::new(
-        toy_config(Mode::B3, Payloads::Bytes),
-        store,
-        &trace,
-        Some(Box::new(ToyPricing)),
-    )
-    .unwrap();
+    let mut e = b3_bytes(store, &trace);
     let m = run(
         &mut e,
         &arrivals,
@@ -178,13 +181,7 @@ fn an_unreachable_store_stops_the_run_with_its_error_at_once() {
     let arrivals: Vec<u64> = (0..trace.len() as u64).map(|i| i * 100_000).collect();
     let mut store = FaultyStore::new(store(), 4);
     store.set_rate(FaultKind::Unavailable, 0.05);
-    let mut e = Engine::new(
-        toy_config(Mode::B3, Payloads::Bytes),
-        store,
-        &trace,
-        Some(Box::new(ToyPricing)),
-    )
-    .unwrap();
+    let mut e = b3_bytes(store, &trace);
     let t = Instant::now();
     let err = run(
         &mut e,
