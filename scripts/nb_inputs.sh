@@ -14,14 +14,16 @@
 # sweeps      moonagent sweep run examples/sweeps/seed002_type_aware.toml --out D/sweeps/seed002
 #             moonagent sweep best D/sweeps/seed002 --x capacity_bytes --y encoder_output.hit_rate:max \
 #               --slo kv_cache.hit_rate>=0.7 --json > D/sweeps/seed002/best.json
-# validation  moonagent trace generate w3 --out D/validation/trace.jsonl
-#             moonagent simulate --trace D/validation/trace.jsonl --modes full --out D/validation/sim
-#             (the measured side needs `moonagent validate`, which does not exist yet)
+# validation  moonagent validate all --out D/validation
+#             (the real backend: profile, runs at 20% and 70% of capacity, 3 repeats, B0 and
+#             B3, compared with the simulator; ~5 min, real time: the runs replay arrivals)
 #
 # --quick: small sizes, what scripts/test_notebooks.sh runs (seconds on a debug build):
 # 200 requests per ladder workload, 40 sessions, the first 3,000 requests of the Mooncake
 # trace (or a small synthetic trace in its format when $MOONAGENT_TRACES has none), a
-# 2 x 2 x 2 sweep with 2 seeds.
+# 2 x 2 x 2 sweep with 2 seeds, and `validate all --quick --loads 0.7 --modes b3` (the
+# small profile grid and one B3 run of 30 requests at 70% of capacity, ~30 s: the run is
+# real time, at 20% it would take a minute more).
 # MOONAGENT_BIN names the binary; by default `cargo build --release` builds it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -114,11 +116,10 @@ sweeps() {
 }
 
 validation() {
-  mkdir -p "$D/validation"
-  local req=()
-  [[ $QUICK == 1 ]] && req=(--requests 100)
-  run trace generate w3 "${req[@]}" --no-stats --out "$D/validation/trace.jsonl"
-  run simulate --trace "$D/validation/trace.jsonl" --modes full --out "$D/validation/sim"
+  local quick=()
+  [[ $QUICK == 1 ]] && quick=(--quick --loads 0.7 --modes b3)
+  rm -rf "$D/validation"
+  run validate all "${quick[@]}" --out "$D/validation"
 }
 
 for w in "${WHAT[@]}"; do "$w"; done

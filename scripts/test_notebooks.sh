@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The notebooks (issue 13): every notebook in notebooks/ is committed without outputs or
-# absolute paths and runs top to bottom, headless, on inputs made here in seconds
-# (scripts/nb_inputs.sh --quick into target/nb-inputs-quick); a cell that raises fails.
+# absolute paths and runs top to bottom, headless, on small inputs made here
+# (scripts/nb_inputs.sh --quick into target/nb-inputs-quick; under a minute on a debug build,
+# most of it the validation notebook's real-time backend run); a cell that raises fails.
 #
 # Uses the venv of scripts/test_sweep_python.sh ($MOONAGENT_HOME, default
 # ~/.cache/moonagent, /py-venv) and installs into it, idempotently, polars and pyarrow (as

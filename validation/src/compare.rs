@@ -282,20 +282,24 @@ pub fn write(dir: &Path, title: &str, cs: &[Comparison]) -> Result<(), MeasureEr
     Ok(())
 }
 
-/// Per-request table of every comparison: mode, id, arrival and, for each metric, the
-/// measured and simulated ns.
+/// Per-request table of every comparison: run (the comparison's label, e.g. "B3 70% #2"),
+/// mode, id, arrival and, for each metric, the measured and simulated ns.
 pub fn table(cs: &[Comparison]) -> Table {
-    let rows: Vec<(&str, &RequestRecord, &RequestRecord)> = cs
+    let rows: Vec<(&Comparison, &RequestRecord, &RequestRecord)> = cs
         .iter()
-        .flat_map(|c| c.pairs.iter().map(move |(m, s)| (c.mode.as_str(), m, s)))
+        .flat_map(|c| c.pairs.iter().map(move |(m, s)| (c, m, s)))
         .collect();
     let col = |f: &dyn Fn(&RequestRecord, &RequestRecord) -> u64| {
         Column::U64(rows.iter().map(|(_, m, s)| f(m, s)).collect())
     };
     Table::new()
         .with(
+            "run",
+            Column::Str(rows.iter().map(|r| r.0.label.clone()).collect()),
+        )
+        .with(
             "mode",
-            Column::Str(rows.iter().map(|r| r.0.to_string()).collect()),
+            Column::Str(rows.iter().map(|r| r.0.mode.clone()).collect()),
         )
         .with("id", col(&|m, _| m.id))
         .with("arrival_ns", col(&|m, _| m.arrival_ns))

@@ -14,7 +14,9 @@ use std::time::Instant;
 
 use moonagent_core::rng::Rng;
 use moonagent_core::serve::{Flow, WorkerId};
-use moonagent_models::calibrate::{calibrate, CalibrationError, CalibrationReport, Group, Sample};
+use moonagent_models::calibrate::{
+    calibrate, CalibrationError, CalibrationReport, Group, Residual, Sample,
+};
 use moonagent_models::{CostModel, HardwareProfile, LinkKind, ModelError, ModelSpec};
 use serde::Serialize;
 
@@ -258,6 +260,33 @@ pub fn errors(
         .collect())
 }
 
+/// Per-sample prediction of `hw` for `samples`, in input order (as the fit's residuals).
+pub fn residuals(
+    hw: &HardwareProfile,
+    spec: &ModelSpec,
+    tp: u32,
+    samples: &[Sample],
+) -> Result<Vec<Residual>, ModelError> {
+    let cost = CostModel::new(hw, spec, tp)?;
+    samples
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let m = s.measured_ns();
+            let p = s.predict_ns(&cost, hw)?;
+            let e = p as f64 - m as f64;
+            Ok(Residual {
+                sample: i,
+                group: s.group(),
+                measured_ns: m,
+                predicted_ns: p,
+                error_ns: e as i64,
+                pct_error: 100.0 * e / m as f64,
+            })
+        })
+        .collect()
+}
+
 fn median_sorted(v: &[f64]) -> f64 {
     match v.len() {
         0 => 0.0,
@@ -278,6 +307,8 @@ pub struct Profile {
     pub fit_errors: Vec<OperatorError>,
     /// Per-operator error on the hold-out samples.
     pub holdout_errors: Vec<OperatorError>,
+    /// The fitted profile's prediction of each hold-out sample, in `holdout.jsonl` order.
+    pub holdout_residuals: Vec<Residual>,
     /// The base profile's error on the hold-out samples, before fitting.
     pub prior_errors: Vec<OperatorError>,
 }
@@ -301,6 +332,7 @@ pub fn fit(
     Ok(Profile {
         fit_errors: errors(&hardware, spec, 1, fit_samples)?,
         holdout_errors: errors(&hardware, spec, 1, holdout)?,
+        holdout_residuals: residuals(&hardware, spec, 1, holdout)?,
         prior_errors: errors(base, spec, 1, holdout)?,
         hardware,
         fit: report,
