@@ -112,7 +112,7 @@ pub fn toy_embedding(fp: &ImageFp, out: &mut [u8]) {
 }
 
 /// A deterministic encoder for [`MmCache::run_batch`]: fills each job with [`toy_embedding`].
-pub fn toy_encoder(jobs: &[EncodeJob], outs: &mut [Vec<u8>]) -> Result<(), String> {
+pub fn toy_encoder(jobs: &[EncodeJob], outs: &mut [Vec<u8>]) -> Result<(), super::EncoderError> {
     for (j, out) in jobs.iter().zip(outs.iter_mut()) {
         toy_embedding(&j.fp, out);
     }

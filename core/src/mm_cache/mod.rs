@@ -35,6 +35,18 @@
 //! in the fingerprint; MACs differ per pair), so the unkeyed hot path is unchanged.
 
 pub mod demo;
+
+/// The failure an encoder callback of [`MmCache::run_batch`] reports: the driver's own
+/// message (its encoder is outside the core, so the core keeps what it said).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EncoderError(pub String);
+
+impl From<&str> for EncoderError {
+    fn from(s: &str) -> Self {
+        EncoderError(s.to_string())
+    }
+}
 pub mod envelope;
 #[cfg(test)]
 mod memo_tests;
@@ -105,7 +117,7 @@ pub enum CacheError {
     Fingerprint(#[from] FingerprintError),
     /// The driver's encoder failed.
     #[error("encoder failed: {0}")]
-    Encoder(String),
+    Encoder(EncoderError),
     /// An envelope could not be encoded.
     #[error(transparent)]
     Envelope(#[from] EnvelopeError),

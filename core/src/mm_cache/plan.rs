@@ -390,7 +390,7 @@ impl<S: Store> MmCache<S> {
         mut encoder: F,
     ) -> Result<Plan, CacheError>
     where
-        F: FnMut(&[EncodeJob], &mut [Vec<u8>]) -> Result<(), String>,
+        F: FnMut(&[EncodeJob], &mut [Vec<u8>]) -> Result<(), super::EncoderError>,
     {
         let mut plan = self.plan_batch(now, ctx, requests, PlanMode::Bytes)?;
         let mut staging = Vec::with_capacity(plan.jobs.len());
@@ -414,7 +414,7 @@ impl<S: Store> MmCache<S> {
         encoder: F,
     ) -> Result<Plan, CacheError>
     where
-        F: FnMut(&[EncodeJob], &mut [Vec<u8>]) -> Result<(), String>,
+        F: FnMut(&[EncodeJob], &mut [Vec<u8>]) -> Result<(), super::EncoderError>,
     {
         self.run_batch(now, ctx, &[images], encoder)
     }
