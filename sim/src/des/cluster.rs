@@ -312,6 +312,8 @@ impl<'a> Simulation<'a> {
             &c,
             cache.counters().readbacks,
         );
+        // `recs` holds the requests that arrived; the rest of the trace was never admitted.
+        s.injected = self.trace.len() as u64;
         s.dropped = (self.trace.len() - arrived) as u64;
         s.events = events;
         s.events_by_kind = self.events_by_kind;

@@ -108,8 +108,10 @@ impl Summary {
     /// What every driver of the engine reports the same way (the simulator in virtual
     /// time, the real backend in wall time): completions, makespan, throughput, latency
     /// percentiles, goodput under `slo`, hit rates and the engine's counters, from the
-    /// per-request records (`done[i]`: request `i` finished) and counters. Driver-specific
-    /// fields (events, encoder GPU time, pages in use, dropped) are left at zero.
+    /// per-request records of the requests that arrived (`done[i]`: request `i` finished)
+    /// and counters. `injected` counts those records; a driver that stopped before every
+    /// request arrived sets `injected` and `dropped` itself. Driver-specific fields
+    /// (events, encoder GPU time, pages in use) are left at zero.
     pub fn of_run(
         mode: super::Mode,
         slo: &super::config::Slo,
