@@ -63,6 +63,7 @@ fn a_measured_run_replays_to_its_decisions_and_the_fitted_simulator_predicts_it_
     let dir = std::env::temp_dir().join(format!("moonagent-validate-{}", std::process::id()));
     let path = write_profile(&dir, &fitted, &samples, &hold).unwrap();
     let hw = path.display().to_string();
+    println!("{}", moonagent_validation::study::profile_markdown(&fitted));
 
     // A light load (20 requests at 1 per second, about 10% of the cluster's capacity):
     // TTFT is mostly service time, so the check below bounds the profile's error and the
