@@ -20,8 +20,8 @@ t0=$(date +%s)
 
 # A full disk shows up as a linker bus error deep in the build; say so up front instead.
 avail_kb=$(df -Pk . | awk 'NR==2 {print $4}')
-if [[ -n $avail_kb && $avail_kb -lt $((6 * 1024 * 1024)) ]]; then
-  printf 'warning: %s GiB free here; a fresh run of this suite needs about 6 GiB (target/)\n' \
+if [[ -n $avail_kb && $avail_kb -lt $((4 * 1024 * 1024)) ]]; then
+  printf 'warning: %s GiB free here; a fresh run of this suite writes about 2.2 GiB into target/\n' \
     "$((avail_kb / 1024 / 1024))" >&2
 fi
 
