@@ -69,7 +69,11 @@ fn cost_functions_do_not_allocate() {
     let probe = std::hint::black_box(vec![1u8; 8]);
     COUNTING.with(|c| c.set(false));
     drop(probe);
-    assert_eq!(ALLOCS.load(Ordering::SeqCst) - after, 1, "the counting allocator counts");
+    assert_eq!(
+        ALLOCS.load(Ordering::SeqCst) - after,
+        1,
+        "the counting allocator counts"
+    );
     assert_eq!(
         after - before,
         0,
