@@ -288,6 +288,26 @@ fn admission_rejects_state_that_cannot_be_cloned() {
 }
 
 #[test]
+fn a_doomed_fork_is_rejected_on_its_pages_before_any_state_is_cloned() {
+    // Pages shared with a prefix cache and a state that cannot clone: the cheap page check
+    // runs first, so the reason is the pages, on the locked pool and on a bare core alike.
+    let p = pool(16, TailPolicy::CopyAtFork);
+    let parent = p.allocate(9).unwrap();
+    let _cache = p.share_prefix(parent).unwrap();
+    let mut s = BranchState::new(vec![0; 9], 1);
+    s.grammar = GrammarState::Live {
+        backend: "outlines".into(),
+    };
+    let shared = Reason::SharedPages { pages: 2 };
+    let r = fork_request(&p, parent, &s, 2, AdmissionInput::default());
+    assert_eq!(rejected(r), shared);
+    let r = p
+        .with_core(|c| fork_request(c, parent, &s, 2, AdmissionInput::default()))
+        .unwrap();
+    assert_eq!(rejected(r), shared);
+}
+
+#[test]
 fn fork_request_salts_every_branch_seed() {
     let p = pool(16, TailPolicy::CopyAtFork);
     let parent = p.allocate(5).unwrap();
