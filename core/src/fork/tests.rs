@@ -308,6 +308,13 @@ fn a_doomed_fork_is_rejected_on_its_pages_before_any_state_is_cloned() {
 }
 
 #[test]
+fn qwen25_vl_7b_kv_bytes_per_token_is_57_344() {
+    // 28 layers x 2 (K, V) x 4 KV heads x 128 dims x 2 bytes (bf16): DESIGN.md's figure,
+    // and moonagent-models' `kv_bytes_per_token` for the 7B spec.
+    assert_eq!(QWEN25_VL_7B_BYTES_PER_TOKEN, 57_344);
+}
+
+#[test]
 fn fork_request_salts_every_branch_seed() {
     let p = pool(16, TailPolicy::CopyAtFork);
     let parent = p.allocate(5).unwrap();
