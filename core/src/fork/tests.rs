@@ -347,6 +347,68 @@ fn release_twice_never_decrements_twice() {
 }
 
 #[test]
+fn seq_ids_name_their_slot_and_generation() {
+    let p = pool(16, TailPolicy::CopyAtFork);
+    let a = p.allocate(4).unwrap();
+    let b = p.allocate(4).unwrap();
+    assert_eq!((a.index(), a.generation()), (0, 0));
+    assert_eq!((b.index(), b.generation()), (1, 0));
+    assert_eq!(b.to_string(), "seq#1.0");
+    p.release(a).unwrap();
+    p.release(b).unwrap();
+    // Slot 1 (released last) is reused under its next generation, then slot 0.
+    let c = p.allocate(4).unwrap();
+    let d = p.allocate(4).unwrap();
+    assert_eq!((c.index(), c.generation()), (1, 1));
+    assert_eq!((d.index(), d.generation()), (0, 1));
+    assert_eq!(d.to_string(), "seq#0.1");
+}
+
+#[test]
+fn page_bytes_is_block_size_times_bytes_per_token_saturating() {
+    assert_eq!(PoolConfig::new(8, BS, 10).page_bytes(), 40);
+    assert_eq!(
+        PoolConfig::new(8, 16, QWEN25_VL_7B_BYTES_PER_TOKEN).page_bytes(),
+        16 * 57_344
+    );
+    assert_eq!(PoolConfig::new(8, 2, u64::MAX).page_bytes(), u64::MAX);
+}
+
+#[test]
+fn snapshot_check_rejects_every_kind_of_corruption() {
+    let p = pool(8, TailPolicy::CopyAtFork);
+    let a = p.allocate(9).unwrap(); // 3 pages
+    let _ = p.fork(a, 2).unwrap();
+    let cfg = p.config();
+    let good = p.snapshot().unwrap();
+    good.check(cfg).unwrap();
+    let bad = |what: &str, f: &dyn Fn(&mut PoolSnapshot)| {
+        let mut s = good.clone();
+        f(&mut s);
+        let err = s.check(cfg).expect_err(what);
+        assert_eq!(err.invariant, "F1", "{what}");
+    };
+    bad("capacity", &|s| {
+        s.refcounts.push(0);
+    });
+    bad("table length", &|s| s.tables[0].1 += u64::from(BS));
+    bad("page out of range", &|s| s.tables[0].2[0] = 99);
+    bad("refcount", &|s| s.refcounts[s.tables[0].2[0] as usize] += 1);
+    bad("free twice", &|s| {
+        let f = s.free[0];
+        s.free.push(f)
+    });
+    bad("free out of range", &|s| s.free[0] = 99);
+    bad("free and referenced", &|s| {
+        let held = s.tables[0].2[0];
+        s.free[0] = held;
+    });
+    bad("free + used", &|s| {
+        s.free.pop();
+    });
+}
+
+#[test]
 fn exhaustion_is_an_error_and_changes_nothing() {
     let p = pool(4, TailPolicy::CopyAtFork);
     assert_eq!(
