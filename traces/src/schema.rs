@@ -545,4 +545,59 @@ mod tests {
         assert_eq!(tokens_in_block(513, 512, 1), 1);
         assert_eq!(tokens_in_block(513, 512, 0), 512);
     }
+
+    fn forked_request() -> Request {
+        Request {
+            id: 7,
+            arrival_ns: 100,
+            session: 11,
+            turn: 2,
+            tenant: 3,
+            prompt_tokens: 1300,
+            prompt_blocks: vec![5, 6, 9],
+            images: vec![
+                Image::tokens_only(41, 64),
+                Image::qwen25vl(42, 448, 448).expect("processable"),
+            ],
+            output_tokens: 20,
+            fork: Some(Fork {
+                branches: 2,
+                output_tokens: vec![30, 45],
+            }),
+        }
+    }
+
+    #[test]
+    fn request_totals_sum_images_and_branches() {
+        let r = forked_request();
+        assert_eq!(r.visual_tokens(), 64 + 256);
+        assert_eq!(r.total_output_tokens(), 20 + 30 + 45);
+        let plain = Request { fork: None, ..r };
+        assert_eq!(plain.total_output_tokens(), 20);
+    }
+
+    #[test]
+    fn request_view_reads_every_field() {
+        use moonagent_core::serve::RequestView;
+        let r = forked_request();
+        assert_eq!(
+            (r.id(), r.session(), r.tenant()),
+            (7, 11, 3),
+            "id, session, tenant"
+        );
+        assert_eq!(
+            (
+                RequestView::prompt_tokens(&r),
+                RequestView::output_tokens(&r)
+            ),
+            (1300, 20)
+        );
+        assert_eq!(RequestView::prompt_blocks(&r), &[5, 6, 9]);
+        assert_eq!(r.image_count(), 2);
+        assert_eq!(r.image(0), (41, 64, None));
+        assert_eq!(r.image(1), (42, 256, Some([1, 32, 32])));
+        assert_eq!(r.branch_output_tokens(), &[30, 45]);
+        let plain = Request { fork: None, ..r };
+        assert!(plain.branch_output_tokens().is_empty());
+    }
 }
