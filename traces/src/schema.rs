@@ -538,6 +538,17 @@ mod tests {
     }
 
     #[test]
+    fn grids_with_a_zero_side_or_merge_have_no_tokens() {
+        assert_eq!(visual_tokens_for_grid([2, 4, 6], 2), Some(12));
+        for g in [[0, 4, 4], [1, 0, 4], [1, 4, 0], [0, 0, 0]] {
+            assert_eq!(visual_tokens_for_grid(g, 2), None, "{g:?}");
+        }
+        assert_eq!(visual_tokens_for_grid([1, 4, 4], 0), None);
+        assert_eq!(visual_tokens_for_grid([1, 3, 4], 2), None);
+        assert_eq!(visual_tokens_for_grid([1, 4, 3], 2), None);
+    }
+
+    #[test]
     fn blocks_are_ceilings() {
         assert_eq!(blocks_for_tokens(0, 512), 0);
         assert_eq!(blocks_for_tokens(512, 512), 1);
