@@ -409,6 +409,32 @@ fn snapshot_check_rejects_every_kind_of_corruption() {
 }
 
 #[test]
+fn a_stale_handle_never_reads_the_slots_next_occupant() {
+    let p = pool(16, TailPolicy::CopyAtFork);
+    let a = p.allocate(4).unwrap();
+    p.release(a).unwrap();
+    let c = p.allocate(9).unwrap();
+    assert_eq!(c.index(), a.index());
+    assert_eq!(p.seq_len(a), Err(ForkError::UnknownSequence(a)));
+    assert_eq!(p.table(a), Err(ForkError::UnknownSequence(a)));
+    assert_eq!(p.seq_len(c).unwrap(), 9);
+}
+
+#[test]
+fn a_handle_from_a_generation_not_yet_issued_is_unknown_not_released() {
+    let p = pool(16, TailPolicy::CopyAtFork);
+    let a = p.allocate(4).unwrap();
+    p.release(a).unwrap();
+    // Slot 0 is empty at generation 1: a handle of generation 1 was never issued.
+    let never = SeqId {
+        index: a.index(),
+        generation: a.generation() + 1,
+    };
+    assert_eq!(p.release(never), Err(ForkError::UnknownSequence(never)));
+    assert_eq!(p.release(a), Ok(Release::AlreadyReleased));
+}
+
+#[test]
 fn exhaustion_is_an_error_and_changes_nothing() {
     let p = pool(4, TailPolicy::CopyAtFork);
     assert_eq!(
