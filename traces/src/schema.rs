@@ -549,6 +549,31 @@ mod tests {
     }
 
     #[test]
+    fn smart_resize_matches_the_processors_reference() {
+        // Expected values from the Hugging Face Qwen2-VL image processor's smart_resize
+        // (Python, round half to even), with factor 28 and Qwen2.5-VL's pixel limits.
+        let qwen = |h, w| smart_resize(h, w, 28, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS);
+        // Over max_pixels: scaled down by sqrt(h * w / max), floored to multiples of 28.
+        assert_eq!(qwen(6000, 8000), Some((3080, 4116)));
+        assert_eq!(qwen(3000, 9000), Some((2044, 6188)));
+        assert_eq!(
+            smart_resize(1000, 1000, 28, 3136, 200_000),
+            Some((420, 420))
+        );
+        // Exactly max_pixels (3584 x 3584 after rounding) is kept, not scaled.
+        assert_eq!(qwen(3586, 3586), Some((3584, 3584)));
+        // Under min_pixels: scaled up.
+        assert_eq!(qwen(10, 10), Some((56, 56)));
+        // An aspect ratio of exactly 200 is processed; over 200 is refused.
+        assert_eq!(qwen(1, 200), Some((28, 196)));
+        assert_eq!(qwen(200, 1), Some((196, 28)));
+        assert_eq!(qwen(1, 300), None);
+        assert_eq!(qwen(300, 1), None);
+        // A zero factor is refused even when no pixel limit would catch it.
+        assert_eq!(smart_resize(10, 10, 0, 0, u64::MAX), None);
+    }
+
+    #[test]
     fn blocks_are_ceilings() {
         assert_eq!(blocks_for_tokens(0, 512), 0);
         assert_eq!(blocks_for_tokens(512, 512), 1);
