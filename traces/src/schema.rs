@@ -569,6 +569,13 @@ mod tests {
         assert_eq!(qwen(200, 1), Some((196, 28)));
         assert_eq!(qwen(1, 300), None);
         assert_eq!(qwen(300, 1), None);
+        // Exactly min_pixels (56 x 56 after rounding) is kept, not scaled up.
+        assert_eq!(qwen(50, 60), Some((56, 56)));
+        // A side that rounds past u32::MAX is refused; exactly u32::MAX is kept.
+        let big = (1u32 << 31) + 1;
+        assert_eq!(smart_resize(u32::MAX, big, big, 0, u64::MAX), None);
+        let m = u32::MAX;
+        assert_eq!(smart_resize(m, m, m, 0, u64::MAX), Some((m, m)));
         // A zero factor is refused even when no pixel limit would catch it.
         assert_eq!(smart_resize(10, 10, 0, 0, u64::MAX), None);
     }
