@@ -50,6 +50,9 @@ cargo test --workspace --quiet
 step "pinned fingerprints derived independently (python3 hashlib)"
 python3 scripts/check_fingerprints.py
 
+step "pinned cost-model values derived independently (python3, exact fractions)"
+python3 scripts/check_cost_golden.py
+
 step "loom model checking (cfg(loom), release)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   cargo test --quiet --release -p moonagent-core --test loom_fork

@@ -171,8 +171,10 @@ fn free_functions_equal_a_tp1_cost_model_and_are_deterministic() {
 #[test]
 fn golden_values_do_not_drift() {
     // Pinned so that an accidental change to a formula or a default shows up here; update
-    // deliberately, with the reason, when the model changes. The three values were
-    // recomputed independently (Python, from the formulas in README.md) and agree to the ns.
+    // deliberately, with the reason, when the model changes. scripts/check_cost_golden.py
+    // (run by scripts/test.sh) derives each value independently from the TOML data and the
+    // formulas in README.md, in exact fractions, and reads the values from this test: a
+    // changed value must agree with it to the ns.
     let (_, _, c) = setup("h200", "qwen2.5-vl-7b", 1);
     assert_eq!(c.decode_iter_time_ns(1, 4096), 4_393_383);
     assert_eq!(c.prefill_time_ns(4096, 0), 116_418_161);

@@ -538,11 +538,109 @@ mod tests {
     }
 
     #[test]
+    fn grids_with_a_zero_side_or_merge_have_no_tokens() {
+        assert_eq!(visual_tokens_for_grid([2, 4, 6], 2), Some(12));
+        for g in [[0, 4, 4], [1, 0, 4], [1, 4, 0], [0, 0, 0]] {
+            assert_eq!(visual_tokens_for_grid(g, 2), None, "{g:?}");
+        }
+        assert_eq!(visual_tokens_for_grid([1, 4, 4], 0), None);
+        assert_eq!(visual_tokens_for_grid([1, 3, 4], 2), None);
+        assert_eq!(visual_tokens_for_grid([1, 4, 3], 2), None);
+    }
+
+    #[test]
+    fn smart_resize_matches_the_processors_reference() {
+        // Expected values from the Hugging Face Qwen2-VL image processor's smart_resize
+        // (Python, round half to even), with factor 28 and Qwen2.5-VL's pixel limits.
+        let qwen = |h, w| smart_resize(h, w, 28, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS);
+        // Over max_pixels: scaled down by sqrt(h * w / max), floored to multiples of 28.
+        assert_eq!(qwen(6000, 8000), Some((3080, 4116)));
+        assert_eq!(qwen(3000, 9000), Some((2044, 6188)));
+        assert_eq!(
+            smart_resize(1000, 1000, 28, 3136, 200_000),
+            Some((420, 420))
+        );
+        // Exactly max_pixels (3584 x 3584 after rounding) is kept, not scaled.
+        assert_eq!(qwen(3586, 3586), Some((3584, 3584)));
+        // Under min_pixels: scaled up.
+        assert_eq!(qwen(10, 10), Some((56, 56)));
+        // An aspect ratio of exactly 200 is processed; over 200 is refused.
+        assert_eq!(qwen(1, 200), Some((28, 196)));
+        assert_eq!(qwen(200, 1), Some((196, 28)));
+        assert_eq!(qwen(1, 300), None);
+        assert_eq!(qwen(300, 1), None);
+        // Exactly min_pixels (56 x 56 after rounding) is kept, not scaled up.
+        assert_eq!(qwen(50, 60), Some((56, 56)));
+        // A side that rounds past u32::MAX is refused; exactly u32::MAX is kept.
+        let big = (1u32 << 31) + 1;
+        assert_eq!(smart_resize(u32::MAX, big, big, 0, u64::MAX), None);
+        let m = u32::MAX;
+        assert_eq!(smart_resize(m, m, m, 0, u64::MAX), Some((m, m)));
+        // A zero factor is refused even when no pixel limit would catch it.
+        assert_eq!(smart_resize(10, 10, 0, 0, u64::MAX), None);
+    }
+
+    #[test]
     fn blocks_are_ceilings() {
         assert_eq!(blocks_for_tokens(0, 512), 0);
         assert_eq!(blocks_for_tokens(512, 512), 1);
         assert_eq!(blocks_for_tokens(513, 512), 2);
         assert_eq!(tokens_in_block(513, 512, 1), 1);
         assert_eq!(tokens_in_block(513, 512, 0), 512);
+    }
+
+    fn forked_request() -> Request {
+        Request {
+            id: 7,
+            arrival_ns: 100,
+            session: 11,
+            turn: 2,
+            tenant: 3,
+            prompt_tokens: 1300,
+            prompt_blocks: vec![5, 6, 9],
+            images: vec![
+                Image::tokens_only(41, 64),
+                Image::qwen25vl(42, 448, 448).expect("processable"),
+            ],
+            output_tokens: 20,
+            fork: Some(Fork {
+                branches: 2,
+                output_tokens: vec![30, 45],
+            }),
+        }
+    }
+
+    #[test]
+    fn request_totals_sum_images_and_branches() {
+        let r = forked_request();
+        assert_eq!(r.visual_tokens(), 64 + 256);
+        assert_eq!(r.total_output_tokens(), 20 + 30 + 45);
+        let plain = Request { fork: None, ..r };
+        assert_eq!(plain.total_output_tokens(), 20);
+    }
+
+    #[test]
+    fn request_view_reads_every_field() {
+        use moonagent_core::serve::RequestView;
+        let r = forked_request();
+        assert_eq!(
+            (r.id(), r.session(), r.tenant()),
+            (7, 11, 3),
+            "id, session, tenant"
+        );
+        assert_eq!(
+            (
+                RequestView::prompt_tokens(&r),
+                RequestView::output_tokens(&r)
+            ),
+            (1300, 20)
+        );
+        assert_eq!(RequestView::prompt_blocks(&r), &[5, 6, 9]);
+        assert_eq!(r.image_count(), 2);
+        assert_eq!(r.image(0), (41, 64, None));
+        assert_eq!(r.image(1), (42, 256, Some([1, 32, 32])));
+        assert_eq!(r.branch_output_tokens(), &[30, 45]);
+        let plain = Request { fork: None, ..r };
+        assert!(plain.branch_output_tokens().is_empty());
     }
 }

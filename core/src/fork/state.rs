@@ -225,6 +225,8 @@ mod tests {
         s.grammar = GrammarState::Snapshot(vec![7, 8, 9]);
         s.logprobs = vec![-0.5, -1.25];
         s.finish.generated = 2;
+        // Two tokens generated: the parent's stream is two draws in, a branch's is fresh.
+        s.sampler.draws = 2;
         s.positions.mrope = Some(MRope {
             delta: -12,
             last_thw: [40, 41, 42],

@@ -288,6 +288,33 @@ fn admission_rejects_state_that_cannot_be_cloned() {
 }
 
 #[test]
+fn a_doomed_fork_is_rejected_on_its_pages_before_any_state_is_cloned() {
+    // Pages shared with a prefix cache and a state that cannot clone: the cheap page check
+    // runs first, so the reason is the pages, on the locked pool and on a bare core alike.
+    let p = pool(16, TailPolicy::CopyAtFork);
+    let parent = p.allocate(9).unwrap();
+    let _cache = p.share_prefix(parent).unwrap();
+    let mut s = BranchState::new(vec![0; 9], 1);
+    s.grammar = GrammarState::Live {
+        backend: "outlines".into(),
+    };
+    let shared = Reason::SharedPages { pages: 2 };
+    let r = fork_request(&p, parent, &s, 2, AdmissionInput::default());
+    assert_eq!(rejected(r), shared);
+    let r = p
+        .with_core(|c| fork_request(c, parent, &s, 2, AdmissionInput::default()))
+        .unwrap();
+    assert_eq!(rejected(r), shared);
+}
+
+#[test]
+fn qwen25_vl_7b_kv_bytes_per_token_is_57_344() {
+    // 28 layers x 2 (K, V) x 4 KV heads x 128 dims x 2 bytes (bf16): DESIGN.md's figure,
+    // and moonagent-models' `kv_bytes_per_token` for the 7B spec.
+    assert_eq!(QWEN25_VL_7B_BYTES_PER_TOKEN, 57_344);
+}
+
+#[test]
 fn fork_request_salts_every_branch_seed() {
     let p = pool(16, TailPolicy::CopyAtFork);
     let parent = p.allocate(5).unwrap();
@@ -317,6 +344,94 @@ fn release_twice_never_decrements_twice() {
     assert_eq!(p.release(b).unwrap(), Release::AlreadyReleased);
     assert_eq!(p.seq_len(c).unwrap(), 4);
     check(&p);
+}
+
+#[test]
+fn seq_ids_name_their_slot_and_generation() {
+    let p = pool(16, TailPolicy::CopyAtFork);
+    let a = p.allocate(4).unwrap();
+    let b = p.allocate(4).unwrap();
+    assert_eq!((a.index(), a.generation()), (0, 0));
+    assert_eq!((b.index(), b.generation()), (1, 0));
+    assert_eq!(b.to_string(), "seq#1.0");
+    p.release(a).unwrap();
+    p.release(b).unwrap();
+    // Slot 1 (released last) is reused under its next generation, then slot 0.
+    let c = p.allocate(4).unwrap();
+    let d = p.allocate(4).unwrap();
+    assert_eq!((c.index(), c.generation()), (1, 1));
+    assert_eq!((d.index(), d.generation()), (0, 1));
+    assert_eq!(d.to_string(), "seq#0.1");
+}
+
+#[test]
+fn page_bytes_is_block_size_times_bytes_per_token_saturating() {
+    assert_eq!(PoolConfig::new(8, BS, 10).page_bytes(), 40);
+    assert_eq!(
+        PoolConfig::new(8, 16, QWEN25_VL_7B_BYTES_PER_TOKEN).page_bytes(),
+        16 * 57_344
+    );
+    assert_eq!(PoolConfig::new(8, 2, u64::MAX).page_bytes(), u64::MAX);
+}
+
+#[test]
+fn snapshot_check_rejects_every_kind_of_corruption() {
+    let p = pool(8, TailPolicy::CopyAtFork);
+    let a = p.allocate(9).unwrap(); // 3 pages
+    let _ = p.fork(a, 2).unwrap();
+    let cfg = p.config();
+    let good = p.snapshot().unwrap();
+    good.check(cfg).unwrap();
+    let bad = |what: &str, f: &dyn Fn(&mut PoolSnapshot)| {
+        let mut s = good.clone();
+        f(&mut s);
+        let err = s.check(cfg).expect_err(what);
+        assert_eq!(err.invariant, "F1", "{what}");
+    };
+    bad("capacity", &|s| {
+        s.refcounts.push(0);
+    });
+    bad("table length", &|s| s.tables[0].1 += u64::from(BS));
+    bad("page out of range", &|s| s.tables[0].2[0] = 99);
+    bad("refcount", &|s| s.refcounts[s.tables[0].2[0] as usize] += 1);
+    bad("free twice", &|s| {
+        let f = s.free[0];
+        s.free.push(f)
+    });
+    bad("free out of range", &|s| s.free[0] = 99);
+    bad("free and referenced", &|s| {
+        let held = s.tables[0].2[0];
+        s.free[0] = held;
+    });
+    bad("free + used", &|s| {
+        s.free.pop();
+    });
+}
+
+#[test]
+fn a_stale_handle_never_reads_the_slots_next_occupant() {
+    let p = pool(16, TailPolicy::CopyAtFork);
+    let a = p.allocate(4).unwrap();
+    p.release(a).unwrap();
+    let c = p.allocate(9).unwrap();
+    assert_eq!(c.index(), a.index());
+    assert_eq!(p.seq_len(a), Err(ForkError::UnknownSequence(a)));
+    assert_eq!(p.table(a), Err(ForkError::UnknownSequence(a)));
+    assert_eq!(p.seq_len(c).unwrap(), 9);
+}
+
+#[test]
+fn a_handle_from_a_generation_not_yet_issued_is_unknown_not_released() {
+    let p = pool(16, TailPolicy::CopyAtFork);
+    let a = p.allocate(4).unwrap();
+    p.release(a).unwrap();
+    // Slot 0 is empty at generation 1: a handle of generation 1 was never issued.
+    let never = SeqId {
+        index: a.index(),
+        generation: a.generation() + 1,
+    };
+    assert_eq!(p.release(never), Err(ForkError::UnknownSequence(never)));
+    assert_eq!(p.release(a), Ok(Release::AlreadyReleased));
 }
 
 #[test]
