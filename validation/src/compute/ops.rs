@@ -8,17 +8,40 @@ use super::ComputeError;
 
 /// `c = a * b` for row-major `a` (m x k), `b` (k x n), `c` (m x n); `c` is overwritten.
 pub(crate) fn matmul(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, c: &mut [f32]) {
+    sgemm(a, m, k, b, (n as isize, 1), n, c, "matmul shapes");
+}
+
+/// `c = a * b^T` for row-major `a` (m x k), `b` (n x k), `c` (m x n); `c` is overwritten.
+pub(crate) fn matmul_bt(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, c: &mut [f32]) {
+    // `b` read as its transpose (k x n): row stride 1, column stride k.
+    sgemm(a, m, k, b, (1, k as isize), n, c, "matmul_bt shapes");
+}
+
+/// `c = a * B` where `B` (k x n) is `b` read with `(row, column)` strides `b_strides`.
+#[allow(clippy::too_many_arguments)]
+fn sgemm(
+    a: &[f32],
+    m: usize,
+    k: usize,
+    b: &[f32],
+    b_strides: (isize, isize),
+    n: usize,
+    c: &mut [f32],
+    what: &str,
+) {
     // The lengths are the GEMM's memory safety; they hold by construction (every caller
-    // sizes its buffers from the same dimensions), so a mismatch is a bug here.
+    // sizes its buffers from the same dimensions), so a mismatch is a bug here. `b` holds
+    // k*n values either way.
     assert!(
         a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
-        "matmul shapes"
+        "{what}"
     );
     if m == 0 || n == 0 {
         return;
     }
-    // SAFETY: `a` holds m*k, `b` k*n and `c` m*n f32 values (checked above), row-major
-    // with the strides given; `c` does not alias `a` or `b` (a `&mut` borrow).
+    // SAFETY: `a` holds m*k values (row-major, strides k, 1), `b` k*n values read with
+    // `b_strides` (row-major B: (n, 1); B = b^T of an n x k `b`: (1, k)), `c` m*n values
+    // (strides n, 1), all checked above; `c` does not alias `a` or `b` (a `&mut` borrow).
     unsafe {
         matrixmultiply::sgemm(
             m,
@@ -29,8 +52,8 @@ pub(crate) fn matmul(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, c: &mut
             k as isize,
             1,
             b.as_ptr(),
-            n as isize,
-            1,
+            b_strides.0,
+            b_strides.1,
             0.0,
             c.as_mut_ptr(),
             n as isize,
@@ -179,38 +202,6 @@ pub(crate) fn rope(v: &mut [f32], cos: &[f32], sin: &[f32]) {
         let (x, y) = (a[i], b[i]);
         a[i] = x * cos[i] - y * sin[i];
         b[i] = y * cos[i] + x * sin[i];
-    }
-}
-
-/// `c = a * b^T` for row-major `a` (m x k), `b` (n x k), `c` (m x n); `c` is overwritten.
-pub(crate) fn matmul_bt(a: &[f32], m: usize, k: usize, b: &[f32], n: usize, c: &mut [f32]) {
-    assert!(
-        a.len() >= m * k && b.len() >= n * k && c.len() >= m * n,
-        "matmul_bt shapes"
-    );
-    if m == 0 || n == 0 {
-        return;
-    }
-    // SAFETY: `a` holds m*k values (row-major, strides k, 1), `b` n*k values read as its
-    // transpose (k x n: row stride 1, column stride k), `c` m*n values (strides n, 1),
-    // all checked above; `c` does not alias `a` or `b` (a `&mut` borrow).
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            k as isize,
-            1,
-            b.as_ptr(),
-            1,
-            k as isize,
-            0.0,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
     }
 }
 
