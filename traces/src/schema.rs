@@ -335,7 +335,8 @@ pub fn smart_resize(
         h_bar = (h * beta / f).ceil() * f;
         w_bar = (w * beta / f).ceil() * f;
     }
-    if !(h_bar.is_finite() && w_bar.is_finite()) || h_bar > f64::from(u32::MAX) {
+    let too_big = |x: f64| x > f64::from(u32::MAX);
+    if !(h_bar.is_finite() && w_bar.is_finite()) || too_big(h_bar) || too_big(w_bar) {
         return None;
     }
     Some((h_bar as u32, w_bar as u32))
@@ -546,6 +547,16 @@ mod tests {
         assert_eq!(visual_tokens_for_grid([1, 4, 4], 0), None);
         assert_eq!(visual_tokens_for_grid([1, 3, 4], 2), None);
         assert_eq!(visual_tokens_for_grid([1, 4, 3], 2), None);
+    }
+
+    #[test]
+    fn a_resized_side_beyond_u32_is_none_not_capped() {
+        // factor 2^31 + 1: the width rounds to 2 factors (2^32 + 2 pixels), past u32; the
+        // height to one factor, which fits. Capping the width would invent a grid.
+        let f = (1u32 << 31) + 1;
+        assert_eq!(smart_resize(u32::MAX / 100, u32::MAX, f, 0, u64::MAX), None);
+        // The same on the height side.
+        assert_eq!(smart_resize(u32::MAX, u32::MAX / 100, f, 0, u64::MAX), None);
     }
 
     #[test]
