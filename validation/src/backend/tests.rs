@@ -93,13 +93,7 @@ fn every_request_finishes_and_the_input_log_replays_to_the_same_actions() {
 fn a_failing_worker_stops_the_run_with_its_error() {
     let trace = toy_trace(6, 10, 16);
     let arrivals = vec![0; trace.len()];
-    let mut e = Engine::new(
-        toy_config(Mode::B1, Payloads::SizeOnly),
-        store(),
-        &trace,
-        None,
-    )
-    .unwrap();
+    let mut e = size_only(Mode::B1, &trace);
     let exec = Spin {
         fail: true,
         hang: AtomicBool::new(false),
@@ -116,13 +110,7 @@ fn a_failing_worker_stops_the_run_with_its_error() {
 fn a_hanging_worker_is_reported_as_a_stall_within_the_timeout() {
     let trace = toy_trace(7, 5, 16);
     let arrivals = vec![0; trace.len()];
-    let mut e = Engine::new(
-        toy_config(Mode::B0, Payloads::SizeOnly),
-        store(),
-        &trace,
-        None,
-    )
-    .unwrap();
+    let mut e = size_only(Mode::B0, &trace);
     let exec = Spin::new();
     exec.hang.store(true, Ordering::Relaxed);
     let t = Instant::now();
@@ -133,6 +121,14 @@ fn a_hanging_worker_is_reported_as_a_stall_within_the_timeout() {
     assert!(matches!(err, BackendError::Stalled { .. }), "{err}");
     // Reported after the stall timeout, without waiting for the hung step (3 s).
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
+/// `mode` with size-only payloads on the embedded store, round robin (no pricing).
+fn size_only(
+    mode: Mode,
+    trace: &[moonagent_core::serve::toy::ToyRequest],
+) -> Engine<'_, MemStore<String>, moonagent_core::serve::toy::ToyRequest> {
+    Engine::new(toy_config(mode, Payloads::SizeOnly), store(), trace, None).unwrap()
 }
 
 /// B3 with real bytes over `store`.
