@@ -244,10 +244,7 @@ impl Comparison {
 /// Write `compare.md`, `compare.json` and `compare.parquet` (every comparison's pairs)
 /// into `dir`.
 pub fn write(dir: &Path, title: &str, cs: &[Comparison]) -> Result<(), MeasureError> {
-    let file = |path: &Path, e: &dyn std::fmt::Display| MeasureError::File {
-        path: path.display().to_string(),
-        what: format!("writing: {e}"),
-    };
+    let file = |path: &Path, e: &dyn std::fmt::Display| MeasureError::writing(path, e);
     std::fs::create_dir_all(dir).map_err(|e| file(dir, &e))?;
     let md: String = cs.iter().map(|c| c.markdown(title) + "\n").collect();
     let p = dir.join("compare.md");

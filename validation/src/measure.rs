@@ -39,9 +39,25 @@ pub enum MeasureError {
         /// Why.
         what: String,
     },
+    /// Profiling or the profile's fit failed.
+    #[error(transparent)]
+    Profile(#[from] crate::profile::ProfileError),
+    /// The validation workload could not be generated.
+    #[error("validation workload: {0}")]
+    Workload(#[from] moonagent_traces::error::TraceError),
     /// The input log did not replay to the run's action log.
     #[error("the input log replays to different decisions: {0}")]
     Diverged(String),
+}
+
+impl MeasureError {
+    /// Writing `path` failed with `e`.
+    pub fn writing(path: &Path, e: impl std::fmt::Display) -> Self {
+        MeasureError::File {
+            path: path.display().to_string(),
+            what: format!("writing: {e}"),
+        }
+    }
 }
 
 /// A measured run's summary: the simulator's summary fields, measured, plus the wall time
@@ -139,32 +155,22 @@ pub fn first_difference(a: &[(u64, Action)], b: &[(u64, Action)]) -> Option<Stri
 /// columns), `inputs.jsonl` and `actions.jsonl` (`[t_ns, ...]` per line), `timed.jsonl`
 /// (every unit of work the threads timed) and `summary.json`.
 pub fn write_run(dir: &Path, m: &Measured, s: &RunSummary) -> Result<(), MeasureError> {
-    let err = |path: &Path| {
-        let path = path.display().to_string();
-        move |e: &dyn std::fmt::Display| MeasureError::File {
-            path: path.clone(),
-            what: format!("writing: {e}"),
-        }
-    };
-    std::fs::create_dir_all(dir).map_err(|e| err(dir)(&e))?;
+    std::fs::create_dir_all(dir).map_err(|e| MeasureError::writing(dir, e))?;
     let p = dir.join("requests.parquet");
     records_table(&m.records)
         .write_parquet(&p)
-        .map_err(|e| err(&p)(&e))?;
+        .map_err(|e| MeasureError::writing(&p, e))?;
     write_lines(&dir.join("inputs.jsonl"), &m.inputs)?;
     write_lines(&dir.join("actions.jsonl"), &m.actions)?;
     write_lines(&dir.join("timed.jsonl"), &m.timed)?;
     let p = dir.join("summary.json");
-    let text = serde_json::to_string_pretty(s).map_err(|e| err(&p)(&e))?;
-    std::fs::write(&p, text).map_err(|e| err(&p)(&e))?;
+    let text = serde_json::to_string_pretty(s).map_err(|e| MeasureError::writing(&p, e))?;
+    std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))?;
     Ok(())
 }
 
 fn write_lines<T: Serialize>(path: &Path, rows: &[T]) -> Result<(), MeasureError> {
-    let werr = |e: &dyn std::fmt::Display| MeasureError::File {
-        path: path.display().to_string(),
-        what: format!("writing: {e}"),
-    };
+    let werr = |e: &dyn std::fmt::Display| MeasureError::writing(path, e);
     let f = std::fs::File::create(path).map_err(|e| werr(&e))?;
     let mut w = std::io::BufWriter::new(f);
     for r in rows {

@@ -78,12 +78,7 @@ pub fn workload(requests: u64, rate: f64) -> WorkloadConfig {
 
 /// A generated trace and its block size.
 pub fn generate(requests: u64, rate: f64, seed: u64) -> Result<(Vec<Request>, u32), MeasureError> {
-    let gen = WorkloadGen::new("validate", workload(requests, rate), seed).map_err(|e| {
-        MeasureError::File {
-            path: "validation workload".into(),
-            what: e.to_string(),
-        }
-    })?;
+    let gen = WorkloadGen::new("validate", workload(requests, rate), seed)?;
     let bs = gen.header().block_size_tokens;
     Ok((gen.collect(), bs))
 }
@@ -201,26 +196,26 @@ pub fn run_study(
     let spec = ModelSpec::resolve(&base.model).map_err(|e| sim_models("model", e))?;
     let hw0 = HardwareProfile::resolve(&base.hardware).map_err(|e| sim_models("hardware", e))?;
     say("profiling operators (design grid)");
-    let samples = profile::measure(&cfg.grid, exec.as_ref(), |_| {}).map_err(prof)?;
+    let samples = profile::measure(&cfg.grid, exec.as_ref(), |_| {})?;
     say("profiling operators (hold-out set)");
     let hold = profile::measure(
         &cfg.grid.holdout(cfg.seed, cfg.holdout),
         exec.as_ref(),
         |_| {},
-    )
-    .map_err(prof)?;
-    let fitted = profile::fit(&hw0, &spec, &samples, &hold).map_err(prof)?;
+    )?;
+    let fitted = profile::fit(&hw0, &spec, &samples, &hold)?;
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
     let hw_arg = profile_path.display().to_string();
     let mut capacity = Vec::new();
     let mut runs = Vec::new();
+    // Every request arriving at once: the simulated capacity of each mode.
+    let (sat_trace, sat_bs) = generate(cfg.requests, 1e9, cfg.seed)?;
     for &mode in &cfg.modes {
         let mcfg = SimConfig {
             hardware: hw_arg.clone(),
             ..cpu_config(mode)
         };
-        let (sat_trace, bs) = generate(cfg.requests, 1e9, cfg.seed)?;
-        let (sat, _) = simulate(&mcfg, &sat_trace, bs)?;
+        let (sat, _) = simulate(&mcfg, &sat_trace, sat_bs)?;
         capacity.push((mode.name().to_string(), sat.throughput_rps));
         for &load in &cfg.loads {
             let rate = (load * sat.throughput_rps).max(1e-3);
@@ -272,31 +267,15 @@ pub fn run_study(
     let cs: Vec<Comparison> = study.runs.iter().map(|r| r.comparison.clone()).collect();
     crate::compare::write(out, "simulated vs measured", &cs)?;
     let p = out.join("report.md");
-    std::fs::write(&p, report(&study)).map_err(|e| MeasureError::File {
-        path: p.display().to_string(),
-        what: format!("writing: {e}"),
-    })?;
+    std::fs::write(&p, report(&study)).map_err(|e| MeasureError::writing(&p, e))?;
     let p = out.join("study.json");
-    let text = serde_json::to_string_pretty(&study).map_err(|e| MeasureError::File {
-        path: p.display().to_string(),
-        what: e.to_string(),
-    })?;
-    std::fs::write(&p, text).map_err(|e| MeasureError::File {
-        path: p.display().to_string(),
-        what: format!("writing: {e}"),
-    })?;
+    let text = serde_json::to_string_pretty(&study).map_err(|e| MeasureError::writing(&p, e))?;
+    std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))?;
     Ok(study)
 }
 
 fn sim_models(what: &'static str, e: moonagent_models::ModelError) -> MeasureError {
     MeasureError::Sim(moonagent_sim::des::SimError::Models(what, e))
-}
-
-fn prof(e: profile::ProfileError) -> MeasureError {
-    MeasureError::File {
-        path: "profile".into(),
-        what: e.to_string(),
-    }
 }
 
 /// Write `profile.toml` (the fitted profile), `profile.json` (fit and errors) and
@@ -307,10 +286,7 @@ pub fn write_profile(
     samples: &[moonagent_models::calibrate::Sample],
     holdout: &[moonagent_models::calibrate::Sample],
 ) -> Result<PathBuf, MeasureError> {
-    let file = |path: &Path, e: &dyn std::fmt::Display| MeasureError::File {
-        path: path.display().to_string(),
-        what: format!("writing: {e}"),
-    };
+    let file = |path: &Path, e: &dyn std::fmt::Display| MeasureError::writing(path, e);
     std::fs::create_dir_all(dir).map_err(|e| file(dir, &e))?;
     let toml_path = dir.join("profile.toml");
     let text = p
