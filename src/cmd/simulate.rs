@@ -9,9 +9,8 @@ use moonagent_sim::des::ladder::{Gains, LadderConfig, LadderResult};
 use moonagent_sim::des::metrics::records_table;
 use moonagent_sim::des::{run_ladder, simulate, Mode, SimConfig, Summary};
 use moonagent_sim::progress;
-use moonagent_traces::TraceReader;
 
-use super::util::{print_table, read_config};
+use super::util::{print_table, read_config, read_trace};
 
 /// Arguments of `moonagent simulate`.
 #[derive(Args, Debug, Default)]
@@ -162,15 +161,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     }
     if let Some(path) = &args.trace {
-        let reader =
-            TraceReader::open(path).with_context(|| format!("opening trace {}", path.display()))?;
-        let bs = reader.header().block_size_tokens;
-        let rp = progress::spinner("reading", "requests", true);
-        let reqs = reader
-            .inspect(|_| rp.inc(1))
-            .collect::<Result<Vec<_>, _>>()
-            .with_context(|| format!("reading {}", path.display()))?;
-        rp.finish_and_clear();
+        let (reqs, bs) = read_trace(path)?;
         let mut rows = vec![[
             "mode",
             "completed",

@@ -73,3 +73,18 @@ pub fn human_bytes(b: u64) -> String {
     }
     format!("{v:.1} {}", units[i])
 }
+
+/// Every request of the trace at `path` (moonagent schema, .jsonl or .parquet) and its
+/// prefix block size, with a spinner while reading.
+pub fn read_trace(path: &Path) -> Result<(Vec<moonagent_traces::schema::Request>, u32)> {
+    let reader = moonagent_traces::TraceReader::open(path)
+        .with_context(|| format!("opening trace {}", path.display()))?;
+    let bs = reader.header().block_size_tokens;
+    let rp = moonagent_sim::progress::spinner("reading", "requests", true);
+    let reqs = reader
+        .inspect(|_| rp.inc(1))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading {}", path.display()))?;
+    rp.finish_and_clear();
+    Ok((reqs, bs))
+}

@@ -11,7 +11,6 @@ use moonagent_core::serve::Mode;
 use moonagent_models::{HardwareProfile, ModelSpec};
 use moonagent_sim::des::SimConfig;
 use moonagent_sim::progress;
-use moonagent_traces::TraceReader;
 use moonagent_validation::backend::{Executor, RunOptions};
 use moonagent_validation::compute::CpuCompute;
 use moonagent_validation::exec::ComputeExecutor;
@@ -20,7 +19,7 @@ use moonagent_validation::mooncake::BridgeStore;
 use moonagent_validation::profile::{self, Grid};
 use moonagent_validation::study::{self, cpu_config, StudyConfig};
 
-use super::util::read_config;
+use super::util::{read_config, read_trace};
 
 /// Arguments of `moonagent validate`.
 #[derive(Args, Debug)]
@@ -187,16 +186,6 @@ fn executor(cfg: &SimConfig, seed: u64) -> Result<Arc<dyn Executor>> {
         cfg.gpus / cfg.tp.max(1)
     };
     Ok(Arc::new(ComputeExecutor::new(compute, workers)))
-}
-
-fn read_trace(path: &PathBuf) -> Result<(Vec<moonagent_traces::schema::Request>, u32)> {
-    let reader =
-        TraceReader::open(path).with_context(|| format!("opening trace {}", path.display()))?;
-    let bs = reader.header().block_size_tokens;
-    let reqs = reader
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("reading {}", path.display()))?;
-    Ok((reqs, bs))
 }
 
 /// Run `moonagent validate`.
