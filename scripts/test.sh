@@ -15,8 +15,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-step() { printf '\n==> %s\n' "$*" >&2; }
 t0=$(date +%s)
+# Each step says how far into the run it starts (the time of a step is the next one's
+# start minus its own).
+step() { printf '\n==> [%4d s] %s\n' "$(( $(date +%s) - t0 ))" "$*" >&2; }
 
 # A full disk shows up as a linker bus error deep in the build; say so up front instead.
 avail_kb=$(df -Pk . | awk 'NR==2 {print $4}')

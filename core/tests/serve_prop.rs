@@ -174,14 +174,24 @@ fn run(c: &Case) -> Result<(Counters, u64), TestCaseError> {
         prop_assert_eq!(p.free, *cap);
     }
     // E4: every object read was committed (a completed put) before the read.
+    // E12: every read held open across a load is closed by the end of the run.
     let mut committed = BTreeSet::new();
     let mut reads = 0u64;
+    let mut open: BTreeMap<&str, i64> = BTreeMap::new();
     for op in e.cache().store().ops() {
+        match op.kind {
+            OpKind::BeginRead if op.ok => *open.entry(op.key.as_str()).or_default() += 1,
+            OpKind::EndRead => {
+                prop_assert!(op.ok, "end_read of {} refused: {}", op.key, op.outcome);
+                *open.entry(op.key.as_str()).or_default() -= 1;
+            }
+            _ => {}
+        }
         match op.kind {
             OpKind::PutEnd if op.ok => {
                 committed.insert(op.key.as_str());
             }
-            OpKind::Get | OpKind::GetSize | OpKind::Exists if op.ok => {
+            OpKind::Get | OpKind::GetSize | OpKind::Exists | OpKind::BeginRead if op.ok => {
                 reads += 1;
                 prop_assert!(
                     committed.contains(op.key.as_str()),
@@ -192,6 +202,18 @@ fn run(c: &Case) -> Result<(Counters, u64), TestCaseError> {
             _ => {}
         }
     }
+    for (key, n) in &open {
+        prop_assert_eq!(*n, 0, "reads of {} left open", key);
+    }
+    prop_assert!(
+        e.cache()
+            .store()
+            .inner()
+            .metas()
+            .iter()
+            .all(|m| m.readers == 0),
+        "an object is still held as being read after the run"
+    );
     Ok((*e.counters(), reads))
 }
 

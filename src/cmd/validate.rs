@@ -8,16 +8,17 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use moonagent_core::serve::Mode;
+use moonagent_core::store::{Recorded, Store};
 use moonagent_models::{HardwareProfile, ModelSpec};
 use moonagent_sim::des::SimConfig;
 use moonagent_sim::progress;
 use moonagent_validation::backend::{Executor, RunOptions};
 use moonagent_validation::compute::CpuCompute;
 use moonagent_validation::exec::ComputeExecutor;
-use moonagent_validation::measure::{mem_store, read_inputs, run_trace, write_run};
+use moonagent_validation::measure::{mem_store, read_inputs, run_trace, write_run, MeasureError};
 use moonagent_validation::mooncake::BridgeStore;
 use moonagent_validation::profile::{self, Grid};
-use moonagent_validation::study::{self, cpu_config, StudyConfig};
+use moonagent_validation::study::{self, cpu_config, StoreFactory, StudyConfig};
 
 use super::util::{read_config, read_trace};
 
@@ -159,6 +160,9 @@ struct AllArgs {
     /// A short run for tests: 30 requests, one repeat, a small profile grid.
     #[arg(long)]
     quick: bool,
+    /// Where each run keeps encoder outputs and prefix KV.
+    #[arg(long, value_enum, default_value = "mem")]
+    store: StoreKind,
 }
 
 fn mode_of(s: &str) -> Result<Mode> {
@@ -186,6 +190,26 @@ fn executor(cfg: &SimConfig, seed: u64) -> Result<Arc<dyn Executor>> {
         cfg.gpus / cfg.tp.max(1)
     };
     Ok(Arc::new(ComputeExecutor::new(compute, workers)))
+}
+
+/// A real Mooncake Store through the bridge, under a fresh namespace: the store may hold
+/// an earlier run's objects, and a run must start from an empty store to replay to the
+/// same decisions.
+fn mooncake_store(label: &str) -> Result<Recorded<BridgeStore>> {
+    let store = match BridgeStore::from_env() {
+        Some(s) => s.context("connecting to the Mooncake bridge")?,
+        None => bail!(
+            "--store mooncake needs MOONAGENT_MOONCAKE_BRIDGE (start a store with `bash scripts/mooncake.sh up` and export what it prints)"
+        ),
+    };
+    let ns = format!(
+        "validate-{}-{}-{label}/",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    Ok(Recorded::namespaced(store, &ns))
 }
 
 /// Run `moonagent validate`.
@@ -252,32 +276,15 @@ fn run_cmd(a: RunArgs) -> Result<()> {
             a.speedup,
             RunOptions::default(),
         ),
-        StoreKind::Mooncake => {
-            let store = match BridgeStore::from_env() {
-                Some(s) => s.context("connecting to the Mooncake bridge")?,
-                None => bail!(
-                    "--store mooncake needs MOONAGENT_MOONCAKE_BRIDGE (start a store with `bash scripts/mooncake.sh up` and export what it prints)"
-                ),
-            };
-            // A fresh namespace: the store may hold an earlier run's objects, and the run
-            // must start from an empty store to replay to the same decisions.
-            let ns = format!(
-                "validate-{}-{}/",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos())
-            );
-            run_trace(
-                &cfg,
-                &trace,
-                bs,
-                moonagent_core::store::Recorded::namespaced(store, &ns),
-                exec,
-                a.speedup,
-                RunOptions::default(),
-            )
-        }
+        StoreKind::Mooncake => run_trace(
+            &cfg,
+            &trace,
+            bs,
+            mooncake_store("run")?,
+            exec,
+            a.speedup,
+            RunOptions::default(),
+        ),
     };
     pb.finish_and_clear();
     let (m, s) = r?;
@@ -339,8 +346,23 @@ fn all_cmd(a: AllArgs) -> Result<()> {
         cfg.holdout = 3;
     }
     let exec = executor(&cpu_config(Mode::B3), 0)?;
+    let mut mooncake = |_: &SimConfig, label: &str| -> Result<Box<dyn Store>, MeasureError> {
+        mooncake_store(label)
+            .map(|s| Box::new(s) as Box<dyn Store>)
+            .map_err(|e| MeasureError::Store(format!("{e:#}")))
+    };
+    let stores: &mut StoreFactory<'_> = match a.store {
+        StoreKind::Mem => &mut study::embedded_stores,
+        StoreKind::Mooncake => {
+            // Fail before profiling if the store is not there.
+            mooncake_store("probe")?;
+            &mut mooncake
+        }
+    };
     let pb = progress::spinner("validate", "", true);
-    let st = study::run_study(&cfg, exec, &a.out, |what| pb.set_message(what.to_string()));
+    let st = study::run_study(&cfg, exec, stores, &a.out, |what| {
+        pb.set_message(what.to_string())
+    });
     pb.finish_and_clear();
     let st = st?;
     println!("{}", study::report(&st));

@@ -5,14 +5,17 @@
 //! tables, the MLPs, the merger; KV written into pages of a per-worker host arena; the
 //! fingerprint is BLAKE2b over as many processed-pixel bytes as the router would hash.
 //!
-//! What is shape-only (this first slice of the backend): a step carries shapes, not
-//! identities (the engine's `Action`s say "a prefill chunk of 512 new tokens over 256
-//! cached", not which request's pages), so each worker computes over its own scratch
-//! page region sized for the step, and a decode iteration of `batch` sequences holding
-//! `ctx_sum` tokens runs `batch` sequences of `ctx_sum / batch` tokens each. Times are
-//! those of the real operators at those shapes; the bytes are not yet the request's own
-//! (the encoder output committed to the store is the engine's synthetic payload, and KV
-//! pages are not the block pool's pages).
+//! The encoder's outputs are the images' own: an encode step names its images, their
+//! pixels are a function of the image's content id, and the outputs go back to the
+//! engine, which commits exactly those bytes to the embedding cache (a later hit reads
+//! them back through the validated path).
+//!
+//! What is shape-only: prefill and decode steps carry shapes, not identities (the
+//! engine's `Action`s say "a prefill chunk of 512 new tokens over 256 cached", not which
+//! request's pages), so each worker computes over its own scratch page region sized for
+//! the step, and a decode iteration of `batch` sequences holding `ctx_sum` tokens runs
+//! `batch` sequences of `ctx_sum / batch` tokens each. Times are those of the real
+//! operators at those shapes; KV pages are not yet the block pool's pages.
 
 use std::sync::Mutex;
 
@@ -123,20 +126,36 @@ impl<C: Compute> ComputeExecutor<C> {
 }
 
 impl<C: Compute> Executor for ComputeExecutor<C> {
-    fn run(&self, worker: WorkerId, step: &Step) -> Result<(), ExecError> {
+    fn encoder_outputs(&self) -> bool {
+        true
+    }
+
+    fn run(&self, worker: WorkerId, step: &Step) -> Result<Vec<Vec<u8>>, ExecError> {
         match step {
-            Step::Encode(tokens) => {
+            Step::Encode { tokens, contents } => {
+                if contents.len() != tokens.len() {
+                    return Err(err(format!(
+                        "encode step with {} images but {} content ids",
+                        tokens.len(),
+                        contents.len()
+                    )));
+                }
+                // The pixels are a function of the image's content id alone, so the same
+                // image encodes to the same bytes on every worker and in every request:
+                // what a cache hit reads back is what the encoder would have produced.
                 let images: Vec<ImageInput> = tokens
                     .iter()
-                    .enumerate()
-                    .map(|(i, &t)| ImageInput {
+                    .zip(contents)
+                    .map(|(&t, &c)| ImageInput {
                         visual_tokens: t,
-                        seed: (u64::from(worker) << 32) ^ i as u64,
+                        seed: c,
                     })
                     .collect();
-                self.compute.encode(&images).map(drop).map_err(err)
+                self.compute.encode(&images).map_err(err)
             }
-            Step::Prefill(chunks) => self.prefill(worker, chunks, u64::from(worker)),
+            Step::Prefill(chunks) => self
+                .prefill(worker, chunks, u64::from(worker))
+                .map(|()| Vec::new()),
             Step::Decode {
                 batch,
                 ctx_sum,
@@ -177,7 +196,8 @@ impl<C: Compute> Executor for ComputeExecutor<C> {
                     .collect();
                 self.with_kv(worker, pages, |kv| {
                     self.compute.decode(kv, &seqs).map(drop).map_err(err)
-                })
+                })?;
+                Ok(Vec::new())
             }
         }
     }

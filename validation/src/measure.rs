@@ -45,6 +45,9 @@ pub enum MeasureError {
     /// The validation workload could not be generated.
     #[error("validation workload: {0}")]
     Workload(#[from] moonagent_traces::error::TraceError),
+    /// A run's store could not be opened (e.g. the real Mooncake Store is unreachable).
+    #[error("store: {0}")]
+    Store(String),
     /// The input log did not replay to the run's action log.
     #[error("the input log replays to different decisions: {0}")]
     Diverged(String),

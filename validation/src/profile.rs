@@ -165,8 +165,11 @@ pub fn measure(
     };
     let mut out = Vec::new();
     for tokens in &grid.encode {
-        let step = Step::Encode(tokens.clone());
-        let ns = time(&mut || Ok(exec.run(W, &step)?))?;
+        let step = Step::Encode {
+            tokens: tokens.clone(),
+            contents: (0..tokens.len() as u64).collect(),
+        };
+        let ns = time(&mut || exec.run(W, &step).map(drop).map_err(Into::into))?;
         out.push(Sample::Encoder {
             visual_tokens: tokens.clone(),
             measured_ns: ns,
@@ -175,7 +178,7 @@ pub fn measure(
     }
     for &(new, cached) in &grid.prefill {
         let step = Step::Prefill(vec![(new, cached)]);
-        let ns = time(&mut || Ok(exec.run(W, &step)?))?;
+        let ns = time(&mut || exec.run(W, &step).map(drop).map_err(Into::into))?;
         out.push(Sample::Prefill {
             new_tokens: new,
             cached_tokens: cached,
@@ -189,7 +192,7 @@ pub fn measure(
             ctx_sum: u64::from(batch) * u64::from(ctx),
             extra: Vec::new(),
         };
-        let ns = time(&mut || Ok(exec.run(W, &step)?))?;
+        let ns = time(&mut || exec.run(W, &step).map(drop).map_err(Into::into))?;
         out.push(Sample::Decode {
             batch,
             context_tokens: u64::from(batch) * u64::from(ctx),

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use moonagent_core::serve::Mode;
-use moonagent_core::store::{MemStoreConfig, SEC};
+use moonagent_core::store::{MemStoreConfig, Store, SEC};
 use moonagent_models::{HardwareProfile, ModelSpec};
 use moonagent_sim::des::{simulate, SimConfig};
 use moonagent_traces::gen::workloads::{WorkloadConfig, WorkloadGen};
@@ -131,7 +131,7 @@ pub fn step_stretch(
     let mut r: [Vec<f64>; 3] = Default::default();
     for t in timed {
         let (k, p) = match &t.what {
-            Work::Step(Step::Encode(tokens)) => (0, cost.encoder_time_ns(tokens)),
+            Work::Step(Step::Encode { tokens, .. }) => (0, cost.encoder_time_ns(tokens)),
             Work::Step(Step::Prefill(chunks)) => (1, cost.prefill_batch_time_ns(chunks)),
             Work::Step(Step::Decode {
                 batch,
@@ -184,11 +184,24 @@ pub struct Study {
     pub runs: Vec<StudyRun>,
 }
 
+/// Where each measured run of a study keeps encoder outputs and prefix KV: called once per
+/// run with the run's configuration and a label unique within the study (e.g. `b3-70-0`),
+/// it returns a fresh, empty store (a real store namespaces its keys by the label).
+pub type StoreFactory<'a> =
+    dyn FnMut(&SimConfig, &str) -> Result<Box<dyn Store>, MeasureError> + 'a;
+
+/// The embedded store `cfg` describes, for every run ([`StoreFactory`]).
+pub fn embedded_stores(cfg: &SimConfig, _label: &str) -> Result<Box<dyn Store>, MeasureError> {
+    Ok(Box::new(mem_store(cfg)?))
+}
+
 /// Run the study, writing every file under `out` (`profile/`, `runs/<mode>-<load>-<k>/`,
-/// `compare.*`, `report.md`). `say` is told what is happening.
+/// `compare.*`, `report.md`); each run's store comes from `stores`. `say` is told what is
+/// happening.
 pub fn run_study(
     cfg: &StudyConfig,
     exec: Arc<dyn Executor>,
+    stores: &mut StoreFactory<'_>,
     out: &Path,
     mut say: impl FnMut(&str),
 ) -> Result<Study, MeasureError> {
@@ -228,18 +241,18 @@ pub fn run_study(
                     k + 1,
                     cfg.repeats
                 ));
+                let label = format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k);
+                let mut store = stores(&mcfg, &label)?;
                 let (m, s) = run_trace(
                     &mcfg,
                     &trace,
                     bs,
-                    mem_store(&mcfg)?,
+                    &mut *store,
                     Arc::clone(&exec),
                     1.0,
                     RunOptions::default(),
                 )?;
-                let dir =
-                    out.join("runs")
-                        .join(format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k));
+                let dir = out.join("runs").join(&label);
                 write_run(&dir, &m, &s)?;
                 let stretch = step_stretch(&m.timed, &fitted.hardware, &spec)?;
                 let mut c = compare(&mcfg, &trace, bs, &m.inputs, &hw_arg)?;

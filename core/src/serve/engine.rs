@@ -6,15 +6,16 @@ use crate::fingerprint::{Dtype, ImageFp, ImageHasher, ModelParts};
 use crate::fork::{
     fork_request, AdmissionInput, BranchState, PoolConfig, PoolCore, PoolStats, SeqId,
 };
-use crate::mm_cache::{CacheConfig, Lookup, MmCache, ModelCtx};
-use crate::store::{DataType, Payload, ReplicateConfig, Store, StoreKey, StoreResult};
+use crate::mm_cache::{CacheConfig, CommitOutcome, Lookup, MmCache, ModelCtx};
+use crate::store::{DataType, Payload, ReplicateConfig, Store, StoreError, StoreKey, StoreResult};
 
 use super::decode::{DecodeBatch, Leaving, StepOutcome};
 use super::kv_prefix::{self, BlockStore, Publish};
 use super::record::{RequestRecord, NONE};
 use super::request::{images_of, Img, RequestView};
 use super::{
-    Action, Done, EngineConfig, Extra, Flow, JobId, Payloads, Pricing, ServeError, WorkerId,
+    Action, Done, EncoderOutputs, EngineConfig, Extra, Flow, ImageRef, JobId, Payloads, Pricing,
+    ServeError, WorkerId,
 };
 
 type Nanos = u64;
@@ -42,6 +43,10 @@ struct JobState {
     incoming_ns: u64,
     /// Priced remaining prefill while queued (load signal).
     queued_ns: u64,
+    /// Store objects this job reads over time (its embeddings and prefix KV blocks, from
+    /// the lookup until they are loaded): held open with `begin_read` so no eviction takes
+    /// them meanwhile (INVARIANTS S2/E12), closed by `end_read` when the load completes.
+    held: Vec<StoreKey>,
 }
 
 #[derive(Debug)]
@@ -127,6 +132,14 @@ pub struct Counters {
     pub preemptions: u64,
     /// Bytes encoder -> store, store -> prefill, prefill -> decode.
     pub link_bytes: [u64; 3],
+    /// Store reads held open across a load (embeddings and prefix KV blocks).
+    pub reads_held: u64,
+    /// Held reads the store could not open (the object was gone or the store refused):
+    /// the load goes ahead on the lease alone (fail-open).
+    pub reads_unheld: u64,
+    /// Commits left out because another load was reading the same embedding (same
+    /// fingerprint, same bytes) at that moment.
+    pub commits_held: u64,
 }
 
 /// The serving engine over a trace of `R` and a store `S` (see the module docs).
@@ -153,6 +166,9 @@ pub struct Engine<'a, S: Store, R: RequestView> {
     blocks_missing: Vec<usize>,
     recv: Vec<u8>,
     pricing: Option<Box<dyn Pricing + 'a>>,
+    outputs: Option<Box<dyn EncoderOutputs + 'a>>,
+    /// Open reads per key across all jobs ([`JobState::held`]).
+    holding: rustc_hash::FxHashMap<StoreKey, u32>,
 }
 
 /// Image fingerprints by (model, content, grid) for content-addressed keys.
@@ -349,7 +365,16 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             blocks_missing: Vec::new(),
             recv: Vec::new(),
             pricing,
+            outputs: None,
+            holding: Default::default(),
         })
+    }
+
+    /// Commit what the driver's encoder produced (real payloads only): every image the
+    /// engine stores is then taken from `outputs`, and a missing or mis-sized output is an
+    /// error ([`ServeError::EncoderOutput`]) instead of a stand-in.
+    pub fn set_encoder_outputs(&mut self, outputs: Box<dyn EncoderOutputs + 'a>) {
+        self.outputs = Some(outputs);
     }
 
     /// The next action the driver must run, in the order decided.
@@ -613,6 +638,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             kv_missing: Vec::new(),
             incoming_ns: 0,
             queued_ns: 0,
+            held: Vec::new(),
         });
         (self.jobs.len() - 1) as JobId
     }
@@ -656,6 +682,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
             Done::Loaded(job) => {
                 self.check_job(job, done)?;
+                self.release(now, job)?;
                 let w = self.jobs[job as usize].prefill_worker;
                 let arrived = std::mem::take(&mut self.jobs[job as usize].incoming_ns);
                 self.workers[w as usize].load.incoming_ns -= arrived;
@@ -708,7 +735,13 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
             seen.push(img.content);
             let bytes = u64::from(img.tokens) * self.cfg.encoder_bytes_per_token;
-            if cache && self.lookup(now, tenant, &img)? {
+            let hit = if cache {
+                self.lookup(now, tenant, &img)?
+            } else {
+                None
+            };
+            if let Some(fp) = hit {
+                self.hold(now, job, StoreKey::MmBlob(fp.0));
                 self.tops[top].rec.images_hit += 1;
                 self.counters.images_hit += 1;
                 self.actions
@@ -742,8 +775,14 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         Ok(())
     }
 
-    /// A validated lookup of `img`'s embedding (a probe: counted as hit or miss).
-    fn lookup(&mut self, now: Nanos, tenant: u32, img: &Img) -> Result<bool, ServeError> {
+    /// A validated lookup of `img`'s embedding (a probe: counted as hit or miss); its
+    /// fingerprint on a hit.
+    fn lookup(
+        &mut self,
+        now: Nanos,
+        tenant: u32,
+        img: &Img,
+    ) -> Result<Option<ImageFp>, ServeError> {
         let ctx = &self.ctxs[tenant as usize];
         let fp = image_fp(&mut self.fp_memo, ctx, img, None)?;
         let exp = ctx
@@ -757,7 +796,39 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
         };
         let r = r.map_err(|e| ServeError::Cache("cache lookup", e))?;
-        Ok(matches!(r, Lookup::Hit { .. }))
+        Ok(matches!(r, Lookup::Hit { .. }).then_some(fp))
+    }
+
+    /// Open a read of `key` for `job` that lasts until its load completes (S2 at the
+    /// engine: what a transfer in flight reads is not evicted under it).
+    fn hold(&mut self, now: Nanos, job: JobId, key: StoreKey) {
+        match self.cache.store_mut().begin_read_key(now, &key) {
+            Ok(_) => {
+                *self.holding.entry(key.clone()).or_default() += 1;
+                self.jobs[job as usize].held.push(key);
+                self.counters.reads_held += 1;
+            }
+            Err(_) => self.counters.reads_unheld += 1,
+        }
+    }
+
+    /// Close every read `job` holds. An object removed meanwhile (a forced remove) has
+    /// nothing left to close; any other refusal is an error.
+    fn release(&mut self, now: Nanos, job: JobId) -> Result<(), ServeError> {
+        let held = std::mem::take(&mut self.jobs[job as usize].held);
+        for key in held {
+            if let Some(n) = self.holding.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    self.holding.remove(&key);
+                }
+            }
+            match self.cache.store_mut().end_read_key(now, &key) {
+                Ok(()) | Err(StoreError::NotFound) => {}
+                Err(e) => return Err(ServeError::Store("end_read", e)),
+            }
+        }
+        Ok(())
     }
 
     fn image_stored(&mut self, now: Nanos, job: JobId, idx: u32) -> Result<(), ServeError> {
@@ -779,10 +850,43 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             .expect(img.grid)
             .map_err(|e| ServeError::Cache("image grid", e))?;
         let cache = &mut self.cache;
+        // A commit retracts the pair it replaces (a forced remove). While another job's load
+        // reads that very blob, the engine leaves it: the key is the content's fingerprint,
+        // so the object there is this output already, and replacing it would pull it from
+        // under the transfer (and leave that read's `end_read` to a stranger).
+        let held = self.holding.contains_key(&StoreKey::MmBlob(fp.0));
+        if held {
+            self.counters.commits_held += 1;
+            if let Some(src) = self.outputs.as_mut() {
+                // Taken all the same: every output is asked for once.
+                src.take(job, idx);
+            }
+        }
         let r = match self.cfg.payloads {
+            _ if held => Ok(CommitOutcome::Committed),
             Payloads::SizeOnly => cache.commit_size_only(now, ctx, fp, img.grid),
             Payloads::Bytes => {
-                let bytes = synthetic_bytes(&fp.0, exp.byte_len);
+                let bytes = match self.outputs.as_mut() {
+                    None => synthetic_bytes(&fp.0, exp.byte_len),
+                    Some(src) => {
+                        let out = src.take(job, idx);
+                        match out {
+                            Some(b) if b.len() as u64 == exp.byte_len => b,
+                            other => {
+                                return Err(ServeError::EncoderOutput {
+                                    job,
+                                    idx,
+                                    what: format!(
+                                        "expected {} bytes ({} visual tokens), got {}",
+                                        exp.byte_len,
+                                        img.tokens,
+                                        other.map_or("none".into(), |b| b.len().to_string())
+                                    ),
+                                });
+                            }
+                        }
+                    }
+                };
                 cache.commit(now, ctx, fp, img.grid, &bytes)
             }
         };
@@ -797,7 +901,10 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 cache.readback(now, &fp, &exp, &mut self.recv)
             }
         };
-        r.map_err(|e| ServeError::Cache("cache readback", e))?;
+        let r = r.map_err(|e| ServeError::Cache("cache readback", e))?;
+        if matches!(r, Lookup::Hit { .. }) {
+            self.hold(now, job, StoreKey::MmBlob(fp.0));
+        }
         let j = &mut self.jobs[job as usize];
         j.load_bytes += u64::from(img.tokens) * self.cfg.encoder_bytes_per_token;
         j.pending_images -= 1;
@@ -810,6 +917,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     /// All images of `job` are available: place its prefill, look up its prefix KV, load.
     fn images_ready(&mut self, now: Nanos, job: JobId) -> Result<(), ServeError> {
         if !self.cfg.mode.disaggregated() {
+            // Colocated: nothing crosses a link, so nothing is read over time.
+            self.release(now, job)?;
             let w = self.jobs[job as usize].prefill_worker;
             self.queue_prefill(w, job);
             return self.kick(now, w);
@@ -834,6 +943,9 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                     .map_err(|e| ServeError::Store("lookup", e))?;
             self.counters.kv_lookups += ids.len() as u64;
             self.counters.kv_hits += hit as u64;
+            for &id in &ids[..hit] {
+                self.hold(now, job, StoreKey::Kv(id));
+            }
             hit_blocks = hit as u64;
             missing.extend(self.blocks_missing.iter().map(|&i| ids[i]));
         }
@@ -889,6 +1001,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         let budget = u64::from(self.cfg.encoder_max_batch_tokens);
         let mut batch = Vec::new();
         let mut tokens = Vec::new();
+        let mut images = Vec::new();
         let mut sum = 0u64;
         while let Some(&(job, idx)) = self.workers[w as usize].enc_q.front() {
             let t = self.jobs[job as usize].images[idx as usize].tokens;
@@ -902,6 +1015,11 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             sum += u64::from(t);
             batch.push((job, idx));
             tokens.push(t);
+            images.push(ImageRef {
+                job,
+                idx,
+                content: self.jobs[job as usize].images[idx as usize].content,
+            });
             let top = self.jobs[job as usize].top as usize;
             let rec = &mut self.tops[top].rec;
             // Stage times are the request's own path; re-run branches do not move them.
@@ -911,7 +1029,11 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         }
         self.mark_busy(w, now, |p| p.encode_ns(&tokens));
         self.workers[w as usize].inflight = Inflight::Encode(batch);
-        self.actions.push(Action::Encode { worker: w, tokens });
+        self.actions.push(Action::Encode {
+            worker: w,
+            tokens,
+            images,
+        });
     }
 
     fn start_prefill(&mut self, now: Nanos, w: WorkerId) {

@@ -198,6 +198,26 @@ pub enum Done {
     KvArrived(JobId),
 }
 
+/// One image of an encoder batch: image `idx` of job `job`, with the trace's content id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ImageRef {
+    /// The job.
+    pub job: JobId,
+    /// The image's index in the job.
+    pub idx: u32,
+    /// The image's content id (equal contents give equal pixels, so equal outputs).
+    pub content: u64,
+}
+
+/// Where the engine takes the encoder outputs it commits to the embedding cache when
+/// payloads are real ([`Payloads::Bytes`]): a real backend hands over what its encoder
+/// produced. Without one, the engine commits a deterministic stand-in of the right size.
+pub trait EncoderOutputs {
+    /// The output of image `idx` of `job` (taken: asked once per image), or `None` when
+    /// the encoder produced none.
+    fn take(&mut self, job: JobId, idx: u32) -> Option<Vec<u8>>;
+}
+
 /// Extra work a decode iteration carries before its tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Extra {
@@ -230,6 +250,9 @@ pub enum Action {
         worker: WorkerId,
         /// Visual tokens of each image in the batch.
         tokens: Vec<u32>,
+        /// Which image each one is, in the same order (a real encoder's outputs are
+        /// handed back through [`EncoderOutputs`] under these identities).
+        images: Vec<ImageRef>,
     },
     /// Run one prefill iteration, then report [`Done::Step`].
     Prefill {
@@ -345,6 +368,16 @@ pub enum ServeError {
     /// Request `index` is not in the trace.
     #[error("request {0} is not in the trace")]
     NoSuchRequest(usize),
+    /// The driver's encoder produced no output, or one of the wrong size, for an image.
+    #[error("encoder output of job {job} image {idx}: {what}")]
+    EncoderOutput {
+        /// The job.
+        job: JobId,
+        /// The image.
+        idx: u32,
+        /// What was wrong (expected and found sizes).
+        what: String,
+    },
 }
 
 #[cfg(test)]

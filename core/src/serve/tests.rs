@@ -125,3 +125,37 @@ fn smart_scheduling_needs_a_pricing() {
     let r = Engine::new(two_prefills(Mode::Full), store, &trace, None);
     assert!(r.is_err());
 }
+
+/// Readers the store counts on `key` (0 when absent).
+fn readers(e: &E<'_>, key: &str) -> u32 {
+    e.cache().store().peek(key).map_or(0, |m| m.readers)
+}
+
+#[test]
+fn a_load_holds_the_prefix_blocks_it_reads_until_it_completes() {
+    // Request 0 computes and publishes blocks 11 and 12; request 1 shares them, so its
+    // load reads them from the store over time (INVARIANTS E12).
+    let mut a = req(0, 40);
+    a.blocks = vec![11, 12];
+    let mut b = req(1, 40);
+    b.blocks = vec![11, 12];
+    let trace = [a, b];
+    let cfg = EngineConfig {
+        kv_prefix_store: true,
+        ..two_prefills(Mode::B3)
+    };
+    let mut e = engine(cfg, &trace);
+    let p = place(&mut e, 0, 0);
+    load_and_prefill(&mut e, 10, 0, p, true);
+    assert!(
+        e.cache().store().peek("kv:11").is_some(),
+        "block 11 published"
+    );
+    assert_eq!(readers(&e, "kv:11"), 0, "nothing reads it yet");
+    let q = place(&mut e, 20, 1);
+    assert_eq!(e.counters().kv_hits, 2);
+    assert_eq!((readers(&e, "kv:11"), readers(&e, "kv:12")), (1, 1));
+    assert_eq!(e.counters().reads_held, 2);
+    load_and_prefill(&mut e, 30, 1, q, false);
+    assert_eq!((readers(&e, "kv:11"), readers(&e, "kv:12")), (0, 0));
+}

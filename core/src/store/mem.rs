@@ -824,6 +824,12 @@ impl<K: StrKey> Store for MemStore<K> {
     fn get_size_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<u64> {
         K::with_store_key(key, |k| self.get_size_with(now, k, None))
     }
+    fn begin_read_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<u64> {
+        K::with_store_key(key, |k| self.begin_read_with(now, k, None))
+    }
+    fn end_read_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<()> {
+        K::with_store_key(key, |k| self.end_read_with(now, k))
+    }
     fn put_key(
         &mut self,
         now: Nanos,

@@ -287,6 +287,16 @@ pub trait Store {
     fn end_read(&mut self, _now: Nanos, _key: &str) -> StoreResult<()> {
         Ok(())
     }
+
+    /// [`Store::begin_read`] of a typed key.
+    fn begin_read_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<u64> {
+        self.begin_read(now, &key.to_string())
+    }
+
+    /// [`Store::end_read`] of a typed key.
+    fn end_read_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<()> {
+        self.end_read(now, &key.to_string())
+    }
 }
 
 /// A mutable reference to a store is a store, so drivers can lend one (`&mut dyn Store`)
@@ -354,5 +364,11 @@ impl<S: Store + ?Sized> Store for &mut S {
     }
     fn end_read(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
         (**self).end_read(now, key)
+    }
+    fn begin_read_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<u64> {
+        (**self).begin_read_key(now, key)
+    }
+    fn end_read_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<()> {
+        (**self).end_read_key(now, key)
     }
 }

@@ -24,6 +24,10 @@ pub enum OpKind {
     Exists,
     /// `remove`.
     Remove,
+    /// `begin_read`.
+    BeginRead,
+    /// `end_read`.
+    EndRead,
 }
 
 /// One logged operation: its kind, the key as the caller named it (without the
@@ -193,6 +197,22 @@ impl<S: Store> Store for Recorded<S> {
             OpKind::Remove,
             key,
             |s, k| s.remove(now, k, force),
+            Result::is_ok,
+        )
+    }
+    fn begin_read(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
+        self.run(
+            OpKind::BeginRead,
+            key,
+            |s, k| s.begin_read(now, k),
+            Result::is_ok,
+        )
+    }
+    fn end_read(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
+        self.run(
+            OpKind::EndRead,
+            key,
+            |s, k| s.end_read(now, k),
             Result::is_ok,
         )
     }

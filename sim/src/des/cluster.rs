@@ -207,7 +207,7 @@ impl<'a> Simulation<'a> {
                     };
                     self.q.push(now + ns, P_DISPATCH, Done::Fingerprinted(job));
                 }
-                Action::Encode { worker, tokens } => {
+                Action::Encode { worker, tokens, .. } => {
                     let dur = self.cost.encoder_time_ns(&tokens);
                     self.encoder_gpu_ns += dur * u64::from(self.cfg.tp);
                     self.q.push(now + dur, P_STEP, Done::Step(worker));

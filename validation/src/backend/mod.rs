@@ -22,6 +22,9 @@
 
 pub mod link;
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -29,7 +32,8 @@ use std::time::{Duration, Instant};
 
 use moonagent_core::serve::toy::Input;
 use moonagent_core::serve::{
-    Action, Counters, Done, Engine, Extra, Flow, RequestRecord, RequestView, ServeError, WorkerId,
+    Action, Counters, Done, EncoderOutputs, Engine, Extra, Flow, ImageRef, JobId, RequestRecord,
+    RequestView, ServeError, WorkerId,
 };
 use moonagent_core::store::Store;
 use serde::{Deserialize, Serialize};
@@ -39,8 +43,13 @@ use link::{LinkError, Nic, Sink};
 /// One compute step of a worker, as the engine asked for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Step {
-    /// A vision-encoder batch: visual tokens of each image.
-    Encode(Vec<u32>),
+    /// A vision-encoder batch.
+    Encode {
+        /// Visual tokens of each image.
+        tokens: Vec<u32>,
+        /// Content id of each image (equal contents, equal pixels: equal outputs).
+        contents: Vec<u64>,
+    },
     /// A prefill iteration: `(new, cached)` tokens of each chunk.
     Prefill(Vec<(u32, u32)>),
     /// A decode iteration.
@@ -57,8 +66,15 @@ pub enum Step {
 /// Runs compute steps for real. One call at a time per worker; different workers call
 /// concurrently from their own threads.
 pub trait Executor: Send + Sync {
-    /// Run `step` on `worker` and return when its results exist.
-    fn run(&self, worker: WorkerId, step: &Step) -> Result<(), ExecError>;
+    /// Run `step` on `worker` and return when its results exist: for an encode step of an
+    /// executor whose [`Executor::encoder_outputs`] is true, one output per image, in
+    /// order (what the engine commits to the embedding cache); otherwise nothing.
+    fn run(&self, worker: WorkerId, step: &Step) -> Result<Vec<Vec<u8>>, ExecError>;
+    /// Whether encode steps return the encoder's real outputs for the engine to commit
+    /// (otherwise the engine commits its deterministic stand-in of the right size).
+    fn encoder_outputs(&self) -> bool {
+        false
+    }
     /// Hash `bytes` of processed pixels on the router.
     fn fingerprint(&self, bytes: u64) -> Result<(), ExecError>;
 }
@@ -182,8 +198,23 @@ pub struct Measured {
 
 /// A completion (or failure) reported by a backend thread.
 enum Event {
+    /// A worker's encoder outputs, sent just before its step's completion.
+    Outputs(WorkerId, Vec<Vec<u8>>),
     Done(Option<Done>, Timed),
     Failed(BackendError),
+}
+
+/// Encoder outputs by (job, image).
+type OutputMap = HashMap<(JobId, u32), Vec<u8>>;
+
+/// Encoder outputs waiting for the engine to commit them (the main thread's only).
+#[derive(Default, Clone)]
+struct Outputs(Rc<RefCell<OutputMap>>);
+
+impl EncoderOutputs for Outputs {
+    fn take(&mut self, job: JobId, idx: u32) -> Option<Vec<u8>> {
+        self.0.borrow_mut().remove(&(job, idx))
+    }
 }
 
 /// Work for a NIC thread: transfers in order, then the completion.
@@ -234,6 +265,14 @@ pub fn run<S: Store, R: RequestView>(
     }
     drop(tx);
 
+    // Real encoder outputs go to the engine, which commits them (and a hit later reads
+    // back those very bytes); `encoding[w]` names the images of worker w's batch.
+    let outputs = Outputs::default();
+    let real_outputs = exec.encoder_outputs();
+    if real_outputs {
+        engine.set_encoder_outputs(Box::new(outputs.clone()));
+    }
+    let mut encoding: Vec<Vec<ImageRef>> = vec![Vec::new(); workers];
     let mut m = Measured::default();
     let mut inflight = 0usize;
     let mut cursor = 0usize;
@@ -281,6 +320,29 @@ pub fn run<S: Store, R: RequestView>(
             let t_engine = Instant::now();
             let input = match event {
                 Some(Event::Failed(e)) => return Err(e),
+                Some(Event::Outputs(w, outs)) => {
+                    let refs = std::mem::take(&mut encoding[w as usize]);
+                    if !real_outputs {
+                        continue;
+                    }
+                    if refs.len() != outs.len() {
+                        return Err(BackendError::Exec {
+                            worker: w,
+                            source: ExecError {
+                                what: format!(
+                                    "the encoder returned {} outputs for a batch of {} images",
+                                    outs.len(),
+                                    refs.len()
+                                ),
+                            },
+                        });
+                    }
+                    let mut map = outputs.0.borrow_mut();
+                    for (r, out) in refs.iter().zip(outs) {
+                        map.insert((r.job, r.idx), out);
+                    }
+                    continue;
+                }
                 Some(Event::Done(done, timed)) => {
                     m.timed.push(timed);
                     match done {
@@ -300,6 +362,11 @@ pub fn run<S: Store, R: RequestView>(
             };
             m.inputs.push((now, input));
             while let Some(a) = engine.poll_action() {
+                if let Action::Encode { worker, images, .. } = &a {
+                    if let Some(slot) = encoding.get_mut(*worker as usize) {
+                        slot.clone_from(images);
+                    }
+                }
                 inflight += dispatch(&a, &compute, &nics, &ftx)?;
                 m.actions.push((now, a));
             }
@@ -350,8 +417,18 @@ fn dispatch(
                 .map_err(|_| gone("router"))?;
             1
         }
-        Action::Encode { worker, tokens } => {
-            to_worker(*worker, Step::Encode(tokens.clone()))?;
+        Action::Encode {
+            worker,
+            tokens,
+            images,
+        } => {
+            to_worker(
+                *worker,
+                Step::Encode {
+                    tokens: tokens.clone(),
+                    contents: images.iter().map(|i| i.content).collect(),
+                },
+            )?;
             1
         }
         Action::Prefill { worker, chunks } => {
@@ -446,15 +523,22 @@ fn compute_thread(
         let r = exec.run(w, &step);
         let measured_ns = t0.elapsed().as_nanos() as u64;
         let ev = match r {
-            Ok(()) => Event::Done(
-                Some(Done::Step(w)),
-                Timed {
-                    worker: w,
-                    what: Work::Step(step),
-                    start_ns: t0.duration_since(start).as_nanos() as u64,
-                    measured_ns,
-                },
-            ),
+            Ok(outs) => {
+                if matches!(step, Step::Encode { .. })
+                    && events.send(Event::Outputs(w, outs)).is_err()
+                {
+                    return;
+                }
+                Event::Done(
+                    Some(Done::Step(w)),
+                    Timed {
+                        worker: w,
+                        what: Work::Step(step),
+                        start_ns: t0.duration_since(start).as_nanos() as u64,
+                        measured_ns,
+                    },
+                )
+            }
             Err(source) => Event::Failed(BackendError::Exec { worker: w, source }),
         };
         if events.send(ev).is_err() {

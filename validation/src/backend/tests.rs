@@ -34,7 +34,7 @@ fn spin(us: u64) {
 }
 
 impl Executor for Spin {
-    fn run(&self, _w: WorkerId, step: &Step) -> Result<(), ExecError> {
+    fn run(&self, _w: WorkerId, step: &Step) -> Result<Vec<Vec<u8>>, ExecError> {
         if self.fail {
             return Err(ExecError {
                 what: "injected failure".into(),
@@ -44,11 +44,11 @@ impl Executor for Spin {
             std::thread::sleep(Duration::from_secs(3));
         }
         spin(match step {
-            Step::Encode(t) => 5 + t.len() as u64,
+            Step::Encode { tokens, .. } => 5 + tokens.len() as u64,
             Step::Prefill(c) => 5 + c.len() as u64,
             Step::Decode { batch, .. } => 5 + u64::from(*batch),
         });
-        Ok(())
+        Ok(Vec::new())
     }
     fn fingerprint(&self, _bytes: u64) -> Result<(), ExecError> {
         spin(2);
