@@ -6,17 +6,54 @@
 
 use std::time::Duration;
 
-use indicatif::{ProgressDrawTarget, ProgressFinish, ProgressState, ProgressStyle};
+use indicatif::{HumanDuration, ProgressDrawTarget, ProgressFinish, ProgressState, ProgressStyle};
 
 pub use indicatif::ProgressBar;
 
-/// `{rate}`: units per second, two decimals below 100/s, none above.
+/// Units per second since the start. Not indicatif's `per_sec`, a recent-steps estimate
+/// that decays towards zero while a slow step runs (a replay's bar counts whole runs of
+/// minutes each: it showed `0.00/s  ETA 5d` two runs into twelve).
+fn mean_rate(state: &ProgressState) -> f64 {
+    let s = state.elapsed().as_secs_f64();
+    if s > 0.0 {
+        state.pos() as f64 / s
+    } else {
+        0.0
+    }
+}
+
+/// `{rate}`: units per second since the start, two decimals below 100/s, none above.
 fn rate(state: &ProgressState, w: &mut dyn std::fmt::Write) {
-    let r = state.per_sec();
+    let r = mean_rate(state);
     let _ = if r < 100.0 {
         write!(w, "{r:.2}/s")
     } else {
         write!(w, "{r:.0}/s")
+    };
+}
+
+/// Seconds left when `pos` of `len` units took `elapsed` seconds, at that mean rate;
+/// `None` before the first unit.
+fn eta_secs(elapsed: f64, pos: u64, len: u64) -> Option<f64> {
+    if pos >= len {
+        Some(0.0)
+    } else if pos == 0 {
+        None
+    } else {
+        Some(elapsed * (len - pos) as f64 / pos as f64)
+    }
+}
+
+/// `{mean_eta}`: the time left at the mean rate so far (`?` before the first unit).
+fn mean_eta(state: &ProgressState, w: &mut dyn std::fmt::Write) {
+    let e = eta_secs(
+        state.elapsed().as_secs_f64(),
+        state.pos(),
+        state.len().unwrap_or(0),
+    );
+    let _ = match e {
+        None => write!(w, "?"),
+        Some(s) => write!(w, "{:#}", HumanDuration(Duration::from_secs_f64(s))),
     };
 }
 
@@ -32,10 +69,11 @@ fn target(enabled: bool) -> ProgressDrawTarget {
 /// ETA. Hidden when `enabled` is false or stderr is not a terminal.
 pub fn bar(label: &str, len: u64, unit: &str, enabled: bool) -> ProgressBar {
     let style = ProgressStyle::with_template(&format!(
-        "{{prefix}} [{{bar:24}}] {{pos}}/{{len}} {unit} {{msg}}  {{rate}}  ETA {{eta}}"
+        "{{prefix}} [{{bar:24}}] {{pos}}/{{len}} {unit} {{msg}}  {{rate}}  {{elapsed}} elapsed, ETA {{mean_eta}}"
     ))
     .expect("progress template")
     .with_key("rate", rate)
+    .with_key("mean_eta", mean_eta)
     .progress_chars("=> ");
     let pb = ProgressBar::with_draw_target(Some(len), target(enabled))
         .with_style(style)
@@ -78,5 +116,14 @@ mod tests {
         assert_eq!(b.position(), 3);
         b.finish_and_clear();
         assert!(spinner("t", "requests", false).is_hidden());
+    }
+
+    #[test]
+    fn eta_is_the_time_left_at_the_mean_rate() {
+        // Two runs of twelve in 120 s: ten more at 60 s each.
+        assert_eq!(eta_secs(120.0, 2, 12), Some(600.0));
+        assert_eq!(eta_secs(5.0, 0, 12), None);
+        assert_eq!(eta_secs(5.0, 12, 12), Some(0.0));
+        assert_eq!(eta_secs(5.0, 3, 0), Some(0.0));
     }
 }
