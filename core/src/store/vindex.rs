@@ -2,22 +2,28 @@
 //! lease-ordered policies (`mooncake-default`, `type-aware`) pick a round's `k` victims in
 //! O((k + r) log n) instead of scanning all `n` objects (issue 15, item 4).
 //!
-//! What it holds: every live, complete, not hard-pinned object, in one ordered set per
-//! *class* = (data type, soft pin active), ordered by the master's lease key
+//! What it holds: every live, complete, not hard-pinned object, filed under one *class* =
+//! (data type, soft pin active) and ordered within it by the master's lease key
 //! `(lease_timeout, insert_seq)`. Each object's soft pin is judged against a watermark time
 //! (`pin_now`), moved to a round's `now` by [`VictimIndex::sync_pins`] before every
 //! selection (in either direction, so a lagging `now` is exact too). The candidates of a
-//! class at `now` are then a prefix of its set: the entries with `lease_timeout <= now`,
+//! class at `now` are then a prefix of its order: the entries with `lease_timeout <= now`,
 //! less the objects being read (`readers > 0`), which the walk skips (`r` above: objects
 //! whose lease expired while a read is still open). It also keeps every type's resident
 //! bytes (all live objects, in-progress, leased and pinned ones included), which
 //! `type-aware`'s budgets read.
 //!
-//! Why per class and not one set: within one (type, pin) class `type-aware`'s adjusted age
-//! is a non-increasing function of `lease_timeout` (a saturating subtraction, a monotone
-//! `u64 -> f64` conversion and a multiplication and division by positive constants, all
-//! monotone under IEEE rounding), and its ties fall back to the lease key, so each class
-//! is already in `type-aware`'s order; a round merges at most three class streams.
+//! A class's order is kept in two intrusive sorted runs plus an ordered set: a new key is
+//! appended to a run whose tail key is not larger, else it goes to the set. Time produces
+//! keys in order on two tracks (a completion's lease is its time, a read's its time plus
+//! the lease TTL), one run each, so upkeep is O(1) on the common path and O(log n)
+//! otherwise (a lagging clock, a pin expiring on an old lease); a walk merges the three.
+//!
+//! Why per class and not one order: within one (type, pin) class `type-aware`'s adjusted
+//! age is a non-increasing function of `lease_timeout` (a saturating subtraction, a
+//! monotone `u64 -> f64` conversion and a multiplication and division by positive
+//! constants, all monotone under IEEE rounding), and its ties fall back to the lease key,
+//! so each class is already in `type-aware`'s order; a round merges three class streams.
 //!
 //! Upkeep is the store's ([`MemStore`](super::MemStore)): `on_live` at put start, `update`
 //! whenever a lease, completion or pin changes, `on_free` before a slot is freed. The
@@ -34,29 +40,55 @@ use crate::invariant::{violation, InvariantViolation};
 
 /// Classes: `type * 2 + soft`.
 const CLASSES: usize = DataType::COUNT * 2;
-/// A slot not in any set.
+/// A slot not in any class.
 const NOT_INDEXED: u8 = u8::MAX;
+/// No slot (end of a run).
+const NIL: u32 = u32::MAX;
+/// `Entry::place` of an entry in the class's ordered set (not in a run).
+const IN_SET: u8 = 2;
 
-/// Where one slot is indexed.
+/// Where one slot is indexed and under which key.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     class: u8,
+    /// Run 0 or 1 of the class, or `IN_SET`.
+    place: u8,
     lease: Nanos,
     seq: u64,
     pin: Option<Nanos>,
+    /// Neighbours in its run (towards the head, towards the tail).
+    prev: u32,
+    next: u32,
 }
 
 const EMPTY: Entry = Entry {
     class: NOT_INDEXED,
+    place: 0,
     lease: 0,
     seq: 0,
     pin: None,
+    prev: NIL,
+    next: NIL,
 };
+
+/// An intrusive list of slots in ascending key order.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    head: u32,
+    tail: u32,
+}
+
+/// One class: its entries, in key order within each of two runs and an ordered set.
+#[derive(Debug, Clone, Default)]
+struct Class {
+    runs: [Option<Run>; 2],
+    set: BTreeSet<(Nanos, u64, u32)>,
+}
 
 /// The store's index of eviction candidates (see the module docs).
 #[derive(Debug, Clone)]
 pub struct VictimIndex {
-    sets: [BTreeSet<(Nanos, u64, u32)>; CLASSES],
+    classes: [Class; CLASSES],
     slots: Vec<Entry>,
     /// Indexed objects with a soft pin, by pin expiry.
     pins: BTreeSet<(Nanos, u32)>,
@@ -68,7 +100,7 @@ pub struct VictimIndex {
 impl Default for VictimIndex {
     fn default() -> Self {
         Self {
-            sets: Default::default(),
+            classes: Default::default(),
             slots: Vec::new(),
             pins: BTreeSet::new(),
             pin_now: 0,
@@ -107,6 +139,12 @@ impl VictimIndex {
         (ty * 2 + usize::from(soft)) as u8
     }
 
+    #[inline]
+    fn key(&self, id: u32) -> (Nanos, u64) {
+        let e = &self.slots[id as usize];
+        (e.lease, e.seq)
+    }
+
     /// A slot became live (put start).
     pub fn on_live(&mut self, id: ObjId, m: &ObjectMeta) {
         self.resident_bytes[m.data_type.index()] += m.size;
@@ -121,11 +159,10 @@ impl VictimIndex {
         self.update(id, m);
     }
 
-    /// `m` (live) changed: completion, lease or pin. Re-files it; O(log n), O(1) when its
-    /// key did not change.
+    /// `m` (live) changed: completion, lease or pin. Re-files it: O(1) when its key did not
+    /// change or comes in time order, O(log n) otherwise.
     pub fn update(&mut self, id: ObjId, m: &ObjectMeta) {
-        let i = id.index();
-        let old = self.slots[i];
+        let old = self.slots[id.index()];
         if !indexable(m) {
             self.unfile(id);
             return;
@@ -139,28 +176,95 @@ impl VictimIndex {
             return;
         }
         self.unfile(id);
-        self.sets[class as usize].insert((m.lease_timeout, m.insert_seq, id.0));
         if let Some(t) = m.soft_pin_until {
             self.pins.insert((t, id.0));
         }
-        self.slots[i] = Entry {
-            class,
-            lease: m.lease_timeout,
-            seq: m.insert_seq,
-            pin: m.soft_pin_until,
+        let e = &mut self.slots[id.index()];
+        e.lease = m.lease_timeout;
+        e.seq = m.insert_seq;
+        e.pin = m.soft_pin_until;
+        self.file(id.0, class);
+    }
+
+    /// Put `id` (its key already in its entry) into `class`: appended to the run whose
+    /// tail key is the largest one not above it (an empty run when no tail qualifies),
+    /// else into the set.
+    fn file(&mut self, id: u32, class: u8) {
+        let key = self.key(id);
+        let c = &self.classes[class as usize];
+        let mut best: Option<(usize, Option<(Nanos, u64)>)> = None;
+        for (r, run) in c.runs.iter().enumerate() {
+            let tail = run.map(|run| self.key(run.tail));
+            if tail.is_some_and(|t| t > key) {
+                continue;
+            }
+            if best.is_none_or(|(_, bt)| tail > bt) {
+                best = Some((r, tail));
+            }
+        }
+        let c = &mut self.classes[class as usize];
+        let e = &mut self.slots[id as usize];
+        e.class = class;
+        e.next = NIL;
+        e.prev = NIL;
+        match best {
+            Some((r, _)) => {
+                e.place = r as u8;
+                match &mut c.runs[r] {
+                    Some(run) => {
+                        e.prev = run.tail;
+                        let tail = run.tail;
+                        run.tail = id;
+                        self.slots[tail as usize].next = id;
+                    }
+                    None => c.runs[r] = Some(Run { head: id, tail: id }),
+                }
+            }
+            None => {
+                e.place = IN_SET;
+                c.set.insert((key.0, key.1, id));
+            }
+        }
+    }
+
+    /// Take `id` out of its class (the pin index untouched).
+    fn unlink(&mut self, id: u32) {
+        let e = self.slots[id as usize];
+        let c = &mut self.classes[e.class as usize];
+        if e.place == IN_SET {
+            let found = c.set.remove(&(e.lease, e.seq, id));
+            debug_assert!(found, "slot {id} missing from class {}", e.class);
+            return;
+        }
+        let Some(run) = c.runs[e.place as usize].as_mut() else {
+            debug_assert!(false, "slot {id} in an empty run");
+            return;
         };
+        if e.prev == NIL {
+            run.head = e.next;
+        } else {
+            self.slots[e.prev as usize].next = e.next;
+        }
+        if e.next == NIL {
+            run.tail = e.prev;
+        } else {
+            self.slots[e.next as usize].prev = e.prev;
+        }
+        if run.head == NIL {
+            c.runs[e.place as usize] = None;
+        }
     }
 
     fn unfile(&mut self, id: ObjId) {
-        let e = std::mem::replace(&mut self.slots[id.index()], EMPTY);
+        let e = self.slots[id.index()];
         if e.class == NOT_INDEXED {
             return;
         }
-        let found = self.sets[e.class as usize].remove(&(e.lease, e.seq, id.0));
-        debug_assert!(found, "slot {id:?} missing from class {}", e.class);
+        self.unlink(id.0);
         if let Some(t) = e.pin {
             self.pins.remove(&(t, id.0));
         }
+        self.slots[id.index()] = EMPTY;
     }
 
     /// The slot is about to be freed (`m` is its meta before the free).
@@ -187,7 +291,6 @@ impl VictimIndex {
         moved.extend(
             self.pins
                 .range((lo.saturating_add(1), 0)..=(hi, u32::MAX))
-                .filter(|&&(t, _)| t > lo)
                 .map(|&(_, id)| id),
         );
         self.pin_now = now;
@@ -195,9 +298,8 @@ impl VictimIndex {
             let e = self.slots[id as usize];
             let class = self.class_of(e.class as usize / 2, e.pin);
             if class != e.class {
-                self.sets[e.class as usize].remove(&(e.lease, e.seq, id));
-                self.sets[class as usize].insert((e.lease, e.seq, id));
-                self.slots[id as usize].class = class;
+                self.unlink(id);
+                self.file(id, class);
             }
         }
         self.scratch = moved;
@@ -214,17 +316,23 @@ impl VictimIndex {
         objects: &'a [ObjectMeta],
     ) -> Candidates<'a> {
         debug_assert_eq!(self.pin_now, now, "sync_pins({now}) not called");
+        let c = &self.classes[ty * 2 + usize::from(soft)];
+        let mut set = c.set.iter();
+        let set_head = set.next().copied();
         Candidates {
-            it: self.sets[ty * 2 + usize::from(soft)].iter(),
+            index: self,
+            runs: c.runs.map(|r| r.map_or(NIL, |r| r.head)),
+            set,
+            set_head,
             now,
             objects,
-            done: false,
         }
     }
 
     /// Check the index against `objects` (the store's metas): every indexable object is
-    /// filed once under its current key and class, nothing else is, and the resident
-    /// bytes add up. For the property tests; O(n log n).
+    /// filed once under its current key and class, nothing else is, every run and set is in
+    /// key order with consistent links, and the resident bytes add up. For the property
+    /// tests; O(n log n).
     pub fn check(&self, objects: &[ObjectMeta]) -> Result<(), InvariantViolation> {
         let mut resident = [0u64; DataType::COUNT];
         let mut filed = 0usize;
@@ -253,15 +361,44 @@ impl VictimIndex {
                     m.insert_seq
                 ));
             }
-            if !self.sets[class as usize].contains(&(e.lease, e.seq, i as u32)) {
-                return Err(violation!("S11", "slot {i} missing from its class set"));
+        }
+        let mut in_classes = 0usize;
+        for (k, c) in self.classes.iter().enumerate() {
+            for (r, run) in c.runs.iter().enumerate() {
+                let Some(run) = run else { continue };
+                let (mut id, mut prev, mut last) = (run.head, NIL, None);
+                while id != NIL {
+                    let e = self.slots.get(id as usize).copied().unwrap_or(EMPTY);
+                    if e.class as usize != k || e.place as usize != r || e.prev != prev {
+                        return Err(violation!("S11", "slot {id} misfiled in run {r} of {k}"));
+                    }
+                    let key = (e.lease, e.seq);
+                    if last.is_some_and(|l| l > key) {
+                        return Err(violation!("S11", "run {r} of class {k} out of order"));
+                    }
+                    last = Some(key);
+                    in_classes += 1;
+                    if in_classes > filed {
+                        return Err(violation!("S11", "more entries than indexable objects"));
+                    }
+                    (prev, id) = (id, e.next);
+                }
+                if prev != run.tail {
+                    return Err(violation!("S11", "run {r} of class {k}: wrong tail"));
+                }
+            }
+            for &(lease, seq, id) in &c.set {
+                let e = self.slots.get(id as usize).copied().unwrap_or(EMPTY);
+                if e.class as usize != k || e.place != IN_SET || (e.lease, e.seq) != (lease, seq) {
+                    return Err(violation!("S11", "slot {id} misfiled in the set of {k}"));
+                }
+                in_classes += 1;
             }
         }
-        let in_sets: usize = self.sets.iter().map(BTreeSet::len).sum();
-        if in_sets != filed {
+        if in_classes != filed {
             return Err(violation!(
                 "S11",
-                "{in_sets} entries in the class sets for {filed} indexable objects"
+                "{in_classes} entries in the classes for {filed} indexable objects"
             ));
         }
         let pinned = objects
@@ -287,13 +424,16 @@ impl VictimIndex {
 }
 
 /// The candidates of one class at one time, in lease order (see
-/// [`VictimIndex::candidates`]): `(lease_timeout, insert_seq, id)`.
+/// [`VictimIndex::candidates`]): `(lease_timeout, insert_seq, id)`, merged from the
+/// class's two runs and its set.
 #[derive(Debug, Clone)]
 pub struct Candidates<'a> {
-    it: btree_set::Iter<'a, (Nanos, u64, u32)>,
+    index: &'a VictimIndex,
+    runs: [u32; 2],
+    set: btree_set::Iter<'a, (Nanos, u64, u32)>,
+    set_head: Option<(Nanos, u64, u32)>,
     now: Nanos,
     objects: &'a [ObjectMeta],
-    done: bool,
 }
 
 impl Iterator for Candidates<'_> {
@@ -301,13 +441,30 @@ impl Iterator for Candidates<'_> {
 
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        for &(lease, seq, id) in self.it.by_ref() {
+        loop {
+            // The smallest of the three heads.
+            let mut best = self.set_head;
+            let mut from = 2;
+            for (r, &id) in self.runs.iter().enumerate() {
+                if id != NIL {
+                    let (lease, seq) = self.index.key(id);
+                    if best.is_none_or(|b| (lease, seq) < (b.0, b.1)) {
+                        best = Some((lease, seq, id));
+                        from = r;
+                    }
+                }
+            }
+            let (lease, seq, id) = best?;
             if lease > self.now {
                 // Every later entry's lease is later still.
-                break;
+                self.runs = [NIL; 2];
+                self.set_head = None;
+                return None;
+            }
+            if from == 2 {
+                self.set_head = self.set.next().copied();
+            } else {
+                self.runs[from] = self.index.slots[id as usize].next;
             }
             let m = &self.objects[id as usize];
             if m.readers > 0 {
@@ -316,8 +473,6 @@ impl Iterator for Candidates<'_> {
             debug_assert_ne!(m.candidate(self.now), Candidate::No, "slot {id}");
             return Some((lease, seq, ObjId(id)));
         }
-        self.done = true;
-        None
     }
 }
 
