@@ -82,12 +82,14 @@ impl EvictionPolicy for Logged {
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// `pin`: 0-3 none, 4 soft, 5 hard.
+    /// `pin`: 0-3 none, 4 soft, 5 hard; `lag_ms` > 0 stamps it that far in the past (its
+    /// eviction then runs at a time before the last one's).
     Put {
         key: u8,
         size: u8,
         pin: u8,
         dt: u8,
+        lag_ms: u16,
     },
     PutStart {
         key: u8,
@@ -123,16 +125,20 @@ enum Op {
 
 const KEYS: u8 = 40;
 
+/// Mostly on time, sometimes up to 4 s late.
+fn lag() -> impl Strategy<Value = u16> {
+    prop_oneof![3 => Just(0u16), 1 => 1u16..4000]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (0..KEYS, 1u8..64, 0u8..6, 0u8..3)
-            .prop_map(|(key, size, pin, dt)| Op::Put { key, size, pin, dt }),
+        8 => (0..KEYS, 1u8..64, 0u8..6, 0u8..3, lag())
+            .prop_map(|(key, size, pin, dt, lag_ms)| Op::Put { key, size, pin, dt, lag_ms }),
         2 => (0..KEYS, 1u8..64, 0u8..6, 0u8..3)
             .prop_map(|(key, size, pin, dt)| Op::PutStart { key, size, pin, dt }),
         2 => (0..KEYS).prop_map(|key| Op::PutEnd { key }),
         1 => (0..KEYS).prop_map(|key| Op::Revoke { key }),
-        6 => (0..KEYS, prop_oneof![3 => Just(0u16), 1 => 1u16..4000])
-            .prop_map(|(key, lag_ms)| Op::Get { key, lag_ms }),
+        6 => (0..KEYS, lag()).prop_map(|(key, lag_ms)| Op::Get { key, lag_ms }),
         1 => (0..KEYS).prop_map(|key| Op::BeginRead { key }),
         1 => (0..KEYS).prop_map(|key| Op::EndRead { key }),
         1 => (0..KEYS, any::<bool>()).prop_map(|(key, force)| Op::Remove { key, force }),
@@ -146,7 +152,7 @@ fn store_cfg() -> impl Strategy<Value = MemStoreConfig> {
         prop_oneof![Just(0.9), 0.5f64..1.0],
         prop_oneof![Just(0.05), 0.0f64..0.5],
         prop_oneof![Just(0u64), Just(200u64), 1u64..20_000],
-        prop_oneof![Just(1_000u64), 1u64..60_000],
+        prop_oneof![Just(1_000u64), 1u64..5_000, 1u64..60_000],
         any::<bool>(),
         prop_oneof![Just(0u64), Just(10u64), 1u64..500],
     )
@@ -227,9 +233,15 @@ fn rc(key: u8, pin: u8) -> ReplicateConfig {
 fn apply(s: &mut MemStore<String>, op: &Op, now: u64) -> String {
     let k = |key: u8| format!("k{key}");
     let r: StoreResult<String> = match *op {
-        Op::Put { key, size, pin, .. } => s
+        Op::Put {
+            key,
+            size,
+            pin,
+            lag_ms,
+            ..
+        } => s
             .put_with(
-                now,
+                now.saturating_sub(u64::from(lag_ms) * MS),
                 k(key),
                 Payload::SizeOnly(u64::from(size)),
                 &rc(key, pin),
