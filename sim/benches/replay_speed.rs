@@ -12,6 +12,14 @@
 //! that would make the policy comparison meaningless on a unit-size Zipf trace with one
 //! request per microsecond: leases (10 s would pin every object) and the 10 ms eviction
 //! tick (eviction runs synchronously when a put crosses the watermark instead).
+//!
+//! A second table runs the replay's default store config (`moonagent replay
+//! --cache-model mooncake`: `MemStoreConfig::default()`, 10 s read leases, the 10 ms tick,
+//! the 0.90 watermark and 5% batches) on a Zipf(1.0) trace of the same size with one
+//! request every REPLAY_GAP_US (default 100) microseconds and the three data types by
+//! object, so that `type-aware` merges three class streams (REPLAY_DEFAULT=0 skips it).
+//! The ratios LRU/this there are what issue 15 item 4 asks of `mooncake-default` and
+//! `type-aware` (time within 1.5x of LRU's, i.e. LRU/this >= 0.67).
 
 use std::time::Instant;
 
@@ -27,8 +35,16 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Zipf(s) over `objects` ranks (`rand_distr::Zipf`).
-fn zipf_trace(requests: u64, objects: u64, s: f64, seed: u64) -> Compiled {
+/// Zipf(s) over `objects` ranks (`rand_distr::Zipf`), one request every `gap_ns`; with
+/// `typed` each object gets one of the three data types by its id.
+fn zipf_trace(
+    requests: u64,
+    objects: u64,
+    s: f64,
+    seed: u64,
+    gap_ns: u64,
+    typed: bool,
+) -> Compiled {
     let zipf = rand_distr::Zipf::new(objects as f64, s).expect("Zipf parameters");
     let mut rng = Rng::stream(seed, "zipf");
     let mut c = Compiled::default();
@@ -37,8 +53,12 @@ fn zipf_trace(requests: u64, objects: u64, s: f64, seed: u64) -> Compiled {
         let rank = zipf.sample(&mut rng) as u64 - 1;
         // Ids are scrambled ranks, so popularity is not correlated with hash order.
         let id = moonagent_core::rng::mix64(rank);
-        c.push(i * 1_000, id, 1, 1, DataType::General, 0, 0)
-            .expect("fits");
+        let dt = if typed {
+            DataType::ALL[(id % DataType::COUNT as u64) as usize]
+        } else {
+            DataType::General
+        };
+        c.push(i * gap_ns, id, 1, 1, dt, 0, 0).expect("fits");
     }
     c.requests = requests;
     c.fill_next();
@@ -77,7 +97,7 @@ fn main() {
     let objects = env("REPLAY_OBJECTS", 1_000_000);
     let runs = env("REPLAY_RUNS", 3).max(1);
     let t = Instant::now();
-    let trace = zipf_trace(requests, objects, 1.0, 42);
+    let trace = zipf_trace(requests, objects, 1.0, 42, 1_000, false);
     eprintln!(
         "generated {requests} Zipf(1.0) requests over {objects} objects in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -103,6 +123,42 @@ fn main() {
         .filter(|n| !n.is_empty())
         .map(policy)
         .collect();
+    table(&trace, &cfg, &pols, runs, requests);
+    if env("REPLAY_DEFAULT", 1) != 0 {
+        let gap_us = env("REPLAY_GAP_US", 100).max(1);
+        let typed = zipf_trace(requests, objects, 1.0, 42, gap_us * 1_000, true);
+        let dcfg = MemStoreConfig {
+            capacity_bytes: objects / 10,
+            ..MemStoreConfig::default()
+        };
+        let three: Vec<LabelledPolicy> = ["lru", "mooncake-default", "type-aware"]
+            .iter()
+            .map(|n| policy(n))
+            .collect();
+        println!(
+            "the replay's default store config (10 s leases, 10 ms tick), one request every \
+             {gap_us} us, three data types, single thread, {runs} interleaved rounds, \
+             capacity {} objects (load average {}):",
+            dcfg.capacity_bytes,
+            load()
+        );
+        table(&typed, &dcfg, &three, runs, requests);
+    }
+    if env("REPLAY_FANOUT", 1) == 0 {
+        return;
+    }
+    fanout(&trace, &cfg, runs);
+}
+
+/// Replay `trace` under each policy, `runs` interleaved rounds; print medians and ratios
+/// to LRU.
+fn table(
+    trace: &Compiled,
+    cfg: &MemStoreConfig,
+    pols: &[LabelledPolicy],
+    runs: u64,
+    requests: u64,
+) {
     // Rounds interleave the policies so that load from other processes hits them alike.
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); pols.len()];
     let mut last = Vec::new();
@@ -110,7 +166,7 @@ fn main() {
         last.clear();
         for (k, p) in pols.iter().enumerate() {
             let t = Instant::now();
-            let r = replay_one(&trace, &cfg, p).expect("replay");
+            let r = replay_one(trace, cfg, p).expect("replay");
             rates[k].push(requests as f64 / t.elapsed().as_secs_f64());
             last.push(r);
         }
@@ -137,9 +193,10 @@ fn main() {
             vs
         );
     }
-    if env("REPLAY_FANOUT", 1) == 0 {
-        return;
-    }
+}
+
+/// The parallel fan-out of eight policies, one thread against all.
+fn fanout(trace: &Compiled, cfg: &MemStoreConfig, runs: u64) {
     let eight: Vec<LabelledPolicy> = [
         "lru",
         "fifo",
@@ -161,7 +218,7 @@ fn main() {
             .expect("pool");
         let cpu = cpu_seconds();
         let t = Instant::now();
-        pool.install(|| replay_all(&trace, &cfg, &eight))
+        pool.install(|| replay_all(trace, cfg, &eight))
             .expect("replay");
         let wall = t.elapsed().as_secs_f64();
         if let (Some(a), Some(b)) = (cpu, cpu_seconds()) {

@@ -4,7 +4,9 @@
 //! memory.
 //!
 //! `cargo bench -p moonagent-sim --bench sim_speed` (medians of 3 runs per row;
-//! `MOONAGENT_BENCH_QUICK=1` runs each row once).
+//! `MOONAGENT_BENCH_QUICK=1` runs each row once; `SIM_SPEED_ROW=TEXT` runs only the rows
+//! whose label contains TEXT, e.g. `SIM_SPEED_ROW="200 req/s"` for W1 Full at 200 req/s,
+//! and skips the sessions run).
 //!
 //! What an event costs depends on the model work it carries, so the rows span regimes:
 //! - a decode iteration advances every sequence of its batch by one token; it calls the
@@ -80,6 +82,21 @@ fn main() {
     } else {
         3
     };
+    let only = std::env::var("SIM_SPEED_ROW").ok();
+    if only.is_none() {
+        sessions();
+    }
+    let floor = median((0..3).map(|_| bare_queue_rate()).collect());
+    println!("bare event queue: {:.2} M events/s (floor)", floor / 1e6);
+    rows(reps, floor, only.as_deref());
+    println!(
+        "peak RSS of the whole bench (largest: the 80,000-request trace and its records): {:.0} MiB",
+        peak_rss_mib()
+    );
+}
+
+/// The 600-session seed-002 workload's wall time and the peak RSS after it.
+fn sessions() {
     let wl = Workload {
         name: "sessions".into(),
         generator: "sessions".into(),
@@ -104,8 +121,10 @@ fn main() {
         "peak RSS after the seed-002 sessions runs: {:.0} MiB",
         peak_rss_mib()
     );
-    let floor = median((0..3).map(|_| bare_queue_rate()).collect());
-    println!("bare event queue: {:.2} M events/s (floor)", floor / 1e6);
+}
+
+/// The rows (those whose label contains `only`, when given).
+fn rows(reps: usize, floor: f64, only: Option<&str>) {
     let long = serde_json::json!({"output_tokens_min": 1000, "output_tokens_max": 3000});
     let rows = [
         Row {
@@ -142,6 +161,9 @@ fn main() {
         },
     ];
     for row in rows {
+        if only.is_some_and(|o| !row.label.contains(o)) {
+            continue;
+        }
         let wl = Workload {
             name: row.generator.into(),
             generator: row.generator.into(),
@@ -191,8 +213,4 @@ fn main() {
             );
         }
     }
-    println!(
-        "peak RSS of the whole bench (largest: the 80,000-request trace and its records): {:.0} MiB",
-        peak_rss_mib()
-    );
 }

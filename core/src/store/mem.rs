@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::key::{StoreKey, StrKey};
 use super::policy::{EvictRequest, EvictionPolicy, ObjectMeta, PolicyConfig};
+use super::vindex::VictimIndex;
 use super::{
     AccessHints, Candidate, ConfigError, DataType, Nanos, Payload, ReplicateConfig, Store,
     StoreError, StoreResult, MS, SEC,
@@ -171,6 +172,11 @@ pub struct MemStore<K = String> {
     last_now: Nanos,
     stats: StoreStats,
     victims: Vec<ObjId>,
+    /// Kept when the policy picks from it (`EvictionPolicy::uses_victim_index`).
+    vindex: Option<VictimIndex>,
+    /// Debug builds: the scan's victims, compared with the index's every run.
+    #[cfg(debug_assertions)]
+    scan_victims: Vec<ObjId>,
 }
 
 impl<K> std::fmt::Debug for MemStore<K> {
@@ -225,6 +231,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         policy: Box<dyn EvictionPolicy>,
     ) -> Result<Self, ConfigError> {
         cfg.validate()?;
+        let vindex = policy.uses_victim_index().then(VictimIndex::new);
         Ok(Self {
             cfg,
             policy,
@@ -240,6 +247,9 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
             last_now: 0,
             stats: StoreStats::default(),
             victims: Vec::new(),
+            vindex,
+            #[cfg(debug_assertions)]
+            scan_victims: Vec::new(),
         })
     }
 
@@ -281,6 +291,10 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
     /// Key of a live slot.
     pub fn key_of(&self, id: ObjId) -> Option<&K> {
         self.slots.get(id.index()).and_then(|s| s.key.as_ref())
+    }
+    /// The victim index, when the policy uses one (see [`VictimIndex`]).
+    pub fn victim_index(&self) -> Option<&VictimIndex> {
+        self.vindex.as_ref()
     }
     /// Live keys, in slot order (an admin view, like `/get_all_keys`; grants no lease).
     pub fn keys(&self) -> impl Iterator<Item = &K> {
@@ -365,7 +379,22 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         };
         let mut victims = std::mem::take(&mut self.victims);
         victims.clear();
-        self.policy.select_victims(&req, &self.metas, &mut victims);
+        match &mut self.vindex {
+            Some(ix) => {
+                self.policy
+                    .select_victims_indexed(&req, &self.metas, ix, &mut victims);
+                // The scan is the reference (INVARIANTS S11): debug builds run it too.
+                #[cfg(debug_assertions)]
+                {
+                    let mut scan = std::mem::take(&mut self.scan_victims);
+                    scan.clear();
+                    self.policy.select_victims(&req, &self.metas, &mut scan);
+                    assert_eq!(victims, scan, "victim index and scan differ at {now}");
+                    self.scan_victims = scan;
+                }
+            }
+            None => self.policy.select_victims(&req, &self.metas, &mut victims),
+        }
         let mut evicted = 0;
         for &id in &victims {
             let ok = match self.metas.get(id.index()).map(|m| m.candidate(now)) {
@@ -397,8 +426,19 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         evicted
     }
 
+    /// Re-file `id` in the victim index after its completion or lease changed.
+    #[inline]
+    fn reindex(&mut self, id: ObjId) {
+        if let Some(ix) = &mut self.vindex {
+            ix.update(id, &self.metas[id.index()]);
+        }
+    }
+
     fn free_slot(&mut self, id: ObjId) {
         self.policy.on_remove(id, &self.metas[id.index()]);
+        if let Some(ix) = &mut self.vindex {
+            ix.on_free(id, &self.metas[id.index()]);
+        }
         let slot = &mut self.slots[id.index()];
         if let Some(k) = slot.key.take() {
             self.index.remove(&k);
@@ -503,6 +543,9 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         t.resident += 1;
         t.resident_bytes += size;
         self.policy.on_insert(id, &self.metas[id.index()]);
+        if let Some(ix) = &mut self.vindex {
+            ix.on_live(id, &self.metas[id.index()]);
+        }
         Ok(id)
     }
 
@@ -537,6 +580,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
             t.puts += 1;
             t.put_bytes += m.size;
             self.slots[id.index()].payload = Some(payload);
+            self.reindex(id);
             Ok(())
         })();
         self.settle(now);
@@ -579,6 +623,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
             t.puts += 1;
             t.put_bytes += m.size;
             self.slots[id.index()].payload = Some(payload);
+            self.reindex(id);
         }
         self.settle(now);
         r
@@ -615,6 +660,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         }
         self.stats.read_hits += 1;
         self.policy.on_access(id, &self.metas[id.index()]);
+        self.reindex(id);
         Ok(id)
     }
 

@@ -17,6 +17,7 @@ mod mem;
 pub mod policies;
 pub mod policy;
 mod recorded;
+pub mod vindex;
 
 pub use error::{ConfigError, StoreError, StoreResult};
 pub use key::{OtherKey, StoreKey, StrKey, KV_PREFIX, MM_BLOB_PREFIX, MM_META_PREFIX};
@@ -26,6 +27,7 @@ pub use policy::{
     PolicyNameError,
 };
 pub use recorded::{OpKind, Recorded, StoreOp};
+pub use vindex::VictimIndex;
 
 use serde::{Deserialize, Serialize};
 

@@ -14,10 +14,12 @@ use std::fmt::Debug;
 
 use serde::{Deserialize, Serialize};
 
+use super::policies::{soft_quota, unpinned_quota};
 use super::policies::{
     Belady, BeladyCost, Fifo, Gdsf, Hierarchical, HierarchicalConfig, Lru, Ranked, S3Fifo,
     S3FifoConfig, Sieve, TypeAware, TypeAwareConfig, WTinyLfu, WTinyLfuConfig,
 };
+use super::vindex::{Merge, VictimIndex};
 use super::{AccessHints, ConfigError, DataType, Nanos, ObjId};
 
 /// What a policy knows about one object slot.
@@ -128,6 +130,23 @@ pub trait EvictionPolicy: Send + Debug {
     fn on_remove(&mut self, _id: ObjId, _meta: &ObjectMeta) {}
     /// Push victims for `req` onto `out` (each at most once). `objects` is indexed by `ObjId`.
     fn select_victims(&mut self, req: &EvictRequest, objects: &[ObjectMeta], out: &mut Vec<ObjId>);
+    /// Whether the policy can pick its victims from a [`VictimIndex`]
+    /// ([`EvictionPolicy::select_victims_indexed`]); `MemStore` then keeps one for it.
+    fn uses_victim_index(&self) -> bool {
+        false
+    }
+    /// Push exactly the victims [`EvictionPolicy::select_victims`] would, in the same
+    /// order, reading `index` (kept in step with `objects` by the caller) instead of
+    /// scanning `objects`. The default scans.
+    fn select_victims_indexed(
+        &mut self,
+        req: &EvictRequest,
+        objects: &[ObjectMeta],
+        _index: &mut VictimIndex,
+        out: &mut Vec<ObjId>,
+    ) {
+        self.select_victims(req, objects, out)
+    }
 }
 
 /// Sort key of the master's lease order: smallest `lease_timeout` first; equal times
@@ -149,6 +168,10 @@ fn lease_key(m: &ObjectMeta) -> (Nanos, u64) {
 /// hash shards (each shard evicts its share of the target in its own lease order), so its
 /// victims are only approximately the globally oldest; this model uses one shard and the
 /// exact global order. Ties are broken by insertion order (see [`lease_key`]).
+///
+/// `select_victims` scans every object (the reference); `select_victims_indexed` merges
+/// the store's per-type lease-ordered [`VictimIndex`] streams and takes the same victims in
+/// O((k + r) log n) (INVARIANTS S11).
 #[derive(Debug, Default, Clone)]
 pub struct MooncakeDefault {
     ranked: Ranked<(Nanos, u64)>,
@@ -172,6 +195,37 @@ impl EvictionPolicy for MooncakeDefault {
         // `max(target, lower_bound)` oldest unpinned, then soft-pinned up to the bound.
         self.ranked.collect(req, objects, |_, m| lease_key(m));
         self.ranked.select(req, out);
+    }
+
+    fn uses_victim_index(&self) -> bool {
+        true
+    }
+
+    fn select_victims_indexed(
+        &mut self,
+        req: &EvictRequest,
+        objects: &[ObjectMeta],
+        index: &mut VictimIndex,
+        out: &mut Vec<ObjId>,
+    ) {
+        index.sync_pins(req.now);
+        let index = &*index;
+        let pass = |soft: bool, q: usize, out: &mut Vec<ObjId>| {
+            if q == 0 {
+                return 0;
+            }
+            let streams =
+                DataType::ALL.map(|t| index.candidates(t.index(), soft, req.now, objects));
+            let before = out.len();
+            out.extend(
+                Merge::new(streams, |_, lease, seq, _| (lease, seq))
+                    .take(q)
+                    .map(|(_, id)| id),
+            );
+            out.len() - before
+        };
+        let k = pass(false, unpinned_quota(req), out);
+        pass(true, soft_quota(req, k), out);
     }
 }
 

@@ -28,12 +28,20 @@
 //! are logical: nothing reserves space for a type; they only decide who goes first.
 //! Soft-pinned objects stay in pass 2 (Mooncake's structure), so `soft_pin_weight` orders
 //! soft-pinned objects of different types among themselves.
+//!
+//! `select_victims` scans every object (the reference). `select_victims_indexed` reads the
+//! store's [`VictimIndex`] instead: within one (type, pin) class the adjusted age does not
+//! increase with `lease_timeout` and ties fall back to the lease key, so each class stream
+//! is already in this policy's order; a budget prefix is a walk of one stream, and the
+//! rest merges the three type streams of the pass. Same victims, same order, in
+//! O((k + r) log n) per run (INVARIANTS S11).
 
 use crate::store::ConfigError;
 use serde::{Deserialize, Serialize};
 
 use super::{smallest_first, soft_quota, unpinned_quota, RankKey};
 use crate::store::policy::{Candidate, EvictRequest, EvictionPolicy, ObjectMeta};
+use crate::store::vindex::{Merge, VictimIndex};
 use crate::store::{DataType, Nanos, ObjId, MS};
 
 /// Knobs of one data type.
@@ -194,6 +202,8 @@ pub struct TypeAware {
     soft: Vec<Entry>,
     scratch: Vec<usize>,
     picks: Vec<usize>,
+    /// Budget-phase picks of the indexed path: key, id, size, type.
+    ipicks: Vec<(RankKey, ObjId, u64, usize)>,
 }
 
 impl TypeAware {
@@ -207,6 +217,7 @@ impl TypeAware {
             soft: Vec::new(),
             scratch: Vec::new(),
             picks: Vec::new(),
+            ipicks: Vec::new(),
         })
     }
 
@@ -268,6 +279,71 @@ impl TypeAware {
     }
 }
 
+impl TypeAware {
+    /// [`TypeAware::pass`] from the index: the candidates of the pass are the class streams
+    /// `(t, soft)` of the three types.
+    #[allow(clippy::too_many_arguments)]
+    fn pass_indexed(
+        &mut self,
+        index: &VictimIndex,
+        objects: &[ObjectMeta],
+        now: Nanos,
+        soft: bool,
+        q: usize,
+        budgets: &[Option<u64>; DataType::COUNT],
+        resident: &mut [u64; DataType::COUNT],
+        out: &mut Vec<ObjId>,
+    ) -> usize {
+        if q == 0 {
+            return 0;
+        }
+        let ages = &self.ages;
+        let key = |t: usize, id: ObjId| ages[t].key(&objects[id.index()], now, soft);
+        // Budget phase: each over-budget type's shortest covering prefix (at most `q`).
+        let picks = &mut self.ipicks;
+        picks.clear();
+        for (t, b) in budgets.iter().enumerate() {
+            let Some(b) = *b else { continue };
+            let excess = resident[t].saturating_sub(b);
+            if excess == 0 {
+                continue;
+            }
+            let mut freed = 0;
+            for (_, _, id) in index.candidates(t, soft, now, objects).take(q) {
+                if freed >= excess {
+                    break;
+                }
+                let size = objects[id.index()].size;
+                freed += size;
+                picks.push((key(t, id), id, size, t));
+            }
+        }
+        let p = smallest_first(picks, q, |e| e.0);
+        // The picks taken of each type are a prefix of its stream: the rest skips them.
+        let mut skip = [0usize; DataType::COUNT];
+        for &(_, id, size, t) in &picks[..p] {
+            out.push(id);
+            resident[t] -= size;
+            skip[t] += 1;
+        }
+        let streams = DataType::ALL.map(|ty| {
+            let t = ty.index();
+            let mut c = index.candidates(t, soft, now, objects);
+            for _ in 0..skip[t] {
+                c.next();
+            }
+            c
+        });
+        let mut r = 0;
+        for (t, id) in Merge::new(streams, |t, _, _, id| key(t, id)).take(q - p) {
+            out.push(id);
+            resident[t] -= objects[id.index()].size;
+            r += 1;
+        }
+        p + r
+    }
+}
+
 impl EvictionPolicy for TypeAware {
     fn name(&self) -> &str {
         "type-aware"
@@ -323,6 +399,44 @@ impl EvictionPolicy for TypeAware {
             &mut self.soft,
             &mut self.scratch,
             &mut self.picks,
+            soft_quota(req, taken),
+            &budgets,
+            &mut resident,
+            out,
+        );
+    }
+
+    fn uses_victim_index(&self) -> bool {
+        true
+    }
+
+    fn select_victims_indexed(
+        &mut self,
+        req: &EvictRequest,
+        objects: &[ObjectMeta],
+        index: &mut VictimIndex,
+        out: &mut Vec<ObjId>,
+    ) {
+        index.sync_pins(req.now);
+        let mut resident = *index.resident_bytes();
+        let budgets = self
+            .budget_ratio
+            .map(|r| r.map(|r| (r * req.capacity_bytes as f64).floor() as u64));
+        let taken = self.pass_indexed(
+            index,
+            objects,
+            req.now,
+            false,
+            unpinned_quota(req),
+            &budgets,
+            &mut resident,
+            out,
+        );
+        self.pass_indexed(
+            index,
+            objects,
+            req.now,
+            true,
             soft_quota(req, taken),
             &budgets,
             &mut resident,
