@@ -44,6 +44,7 @@
 pub mod ablation;
 mod compile;
 mod costs;
+pub mod csv;
 mod error;
 mod min_bound;
 mod names;
@@ -52,9 +53,12 @@ pub mod plain;
 mod report;
 mod results;
 mod run;
+mod slab;
+pub mod trace_cache;
 
 pub use compile::{Access, CompileOptions, Compiled, Include, FIRST_KV, NEVER, REUSE};
 pub use costs::{sizes_for_model, LinearCost, MissCost, ModelCost, ObjectSizes};
+pub use csv::{CsvError, CsvParams};
 pub use error::ReplayError;
 pub use min_bound::min_bound;
 pub use names::{policy_by_name, POLICY_NAMES};
@@ -65,5 +69,7 @@ pub use report::{
 };
 pub use results::{LabelledPolicy, PolicyResult, TypeResult};
 pub use run::{grid, replay_all, replay_grid, replay_one};
+pub use slab::Slab;
+pub use trace_cache::{TraceCache, TraceKey};
 
 use run::{count_lookup, hints};
