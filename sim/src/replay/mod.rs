@@ -34,8 +34,12 @@
 //!
 //! A second cache model, [`plain`] (`--cache-model plain`), replays the same compiled
 //! trace with libCacheSim's semantics (evict before insert, every access a lookup, no
-//! leases or watermarks, object-count or byte capacity); [`oracle_general`] reads
-//! libCacheSim's binary traces.
+//! leases or watermarks, object-count or byte capacity); [`oracle_general`] and [`csv`]
+//! read libCacheSim's binary and csv traces.
+//!
+//! [`trace_cache`] keeps each compiled trace as a flat file named by the trace's content
+//! hash and compile options; a second replay of the same trace maps it instead of reading
+//! and compiling again ([`Compiled`]'s arrays are [`Slab`]s, owned or mapped).
 //!
 //! Limits: the replay does not model that a KV prefix lost to eviction also needs the
 //! encoder outputs of the images inside it (the trace does not say where images sit in
