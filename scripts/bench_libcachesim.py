@@ -4,23 +4,30 @@ A Zipf(1.0) trace (REQUESTS over OBJECTS, unit sizes) is written once as an orac
 file; a cache of CACHE objects replays it under each policy, REPS rounds that alternate
 the two simulators. Reported per policy, medians over the rounds:
 
-  - whole process: `moonagent replay --cache-model plain` (read, compile, replay, exit) vs
-    a fresh `python -c` running libCacheSim's `process_trace` (interpreter start and
-    import included, as a user of the bindings waits for them);
+  - whole process, twice for moonagent: `moonagent replay --cache-model plain` with an
+    empty compiled-trace cache (cold: hash, read, compile, replay while the compiled
+    trace is written, exit) and again with the cache it left (warm: hash, map, replay,
+    exit), vs a fresh `python -c` running libCacheSim's `process_trace` (interpreter
+    start and import included, as a user of the bindings waits for them);
   - replay loop: moonagent's `replayed in` (stderr) vs `process_trace` timed in-process
     (libCacheSim reads the trace as it goes, so its loop includes reading);
 
 with ratios libCacheSim / moonagent (> 1: moonagent faster), measured in the same run.
-Hit counts are checked equal on every round.
+Hit counts are checked equal on every round. Also printed: moonagent's own phase times
+(stderr `timing:`), medians: hashing the trace, and reading + compiling it (cold) or
+mapping the compiled file (warm).
 
 usage: python scripts/bench_libcachesim.py --bin target/release/moonagent
        [--requests 2000000 --objects 200000 --cache 20000 --reps 5]
+
+The issue's size: --requests 10000000 --objects 1000000 --cache 100000 --reps 5.
 """
 
 import argparse
 import os
 import random
 import re
+import shutil
 import statistics
 import struct
 import subprocess
@@ -49,20 +56,22 @@ def zipf_file(path, n_req, n_obj, seed=15):
         f.write(b"".join(rec.pack(i // 1000, o + 1, 1, -1) for i, o in enumerate(ids)))
 
 
-def run_moonagent(bin_path, trace, pol, k):
+def run_moonagent(bin_path, trace, pol, k, cache_dir):
     t = time.perf_counter()
     p = subprocess.run(
         [bin_path, "replay", "--trace", trace, "--cache-model", "plain", "--capacity-unit",
          "objects", "--capacity", str(k), "--policy", pol, "--no-min-bound"],
         check=True, capture_output=True, text=True,
-        env={**os.environ, "RAYON_NUM_THREADS": "1"},
+        env={**os.environ, "RAYON_NUM_THREADS": "1", "MOONAGENT_CACHE": cache_dir},
     )
     whole = time.perf_counter() - t
-    loop = float(re.search(r"replayed in ([0-9.]+) s", p.stderr).group(1))
+    m = re.search(r"trace hashed in ([0-9.]+) s, (read and compiled|mapped from the cache) "
+                  r"in ([0-9.]+) s, replayed in ([0-9.]+) s", p.stderr)
+    hashed, how, load, loop = float(m.group(1)), m.group(2), float(m.group(3)), float(m.group(4))
     # The policy's row of the printed table ends with its hits and lookups.
     row = next(line.split() for line in p.stdout.splitlines() if line.split()[:1] == [pol])
     hits = int(row[-2])
-    return whole, loop, hits
+    return whole, loop, hits, hashed, load, how
 
 
 def run_lib(trace, cls, k, n, hashpower):
@@ -85,30 +94,46 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         trace = os.path.join(tmp, "zipf.oracleGeneral")
         zipf_file(trace, a.requests, a.objects)
+        cache_dir = os.path.join(tmp, "compiled")
         print(f"Zipf(1.0): {a.requests} requests over {a.objects} objects, cache {a.cache} "
               f"objects, {a.reps} alternating rounds, medians (load {os.getloadavg()[0]:.2f})")
         # libCacheSim's default hash table (2^24 buckets) and one sized to the cache.
         fitted = max(10, (a.cache - 1).bit_length() + 1)
-        print(f"{'policy':8} {'hash':>4} {'moon whole s':>12} {'lib whole s':>11} {'ratio':>6} "
-              f"{'moon loop s':>11} {'lib loop s':>10} {'ratio':>6}")
+        print(f"{'policy':8} {'hash':>4} {'lib whole s':>11} {'cold s':>7} {'ratio':>6} "
+              f"{'warm s':>7} {'ratio':>6} {'lib loop s':>10} {'moon loop s':>11} {'ratio':>6}")
+        phases = {"hash": [], "read and compiled": [], "mapped from the cache": []}
         for pol, cls in POLICIES.items():
-            m_whole, m_loop = [], []
+            cold, warm, m_loop = [], [], []
             lib = {24: ([], []), fitted: ([], [])}
             for _ in range(a.reps):
-                w, l, h1 = run_moonagent(a.bin, trace, pol, a.cache)
-                m_whole.append(w)
-                m_loop.append(l)
+                shutil.rmtree(cache_dir, ignore_errors=True)
+                runs = []
+                for want in ("read and compiled", "mapped from the cache"):
+                    w, l, h1, hashed, load, how = run_moonagent(a.bin, trace, pol, a.cache,
+                                                                cache_dir)
+                    if how != want:
+                        sys.exit(f"{pol}: expected the trace {want}, it was {how}")
+                    phases["hash"].append(hashed)
+                    phases[how].append(load)
+                    runs.append((w, l, h1))
+                cold.append(runs[0][0])
+                warm.append(runs[1][0])
+                m_loop.extend([runs[0][1], runs[1][1]])
                 for hp, (lw, ll) in lib.items():
                     w, l, h2 = run_lib(trace, cls, a.cache, a.requests, hp)
                     lw.append(w)
                     ll.append(l)
-                    if h1 != h2:
-                        sys.exit(f"{pol}: hits differ: moonagent {h1}, libCacheSim {h2}")
-            mw, ml = statistics.median(m_whole), statistics.median(m_loop)
+                    if any(h2 != r[2] for r in runs):
+                        sys.exit(f"{pol}: hits differ: moonagent {[r[2] for r in runs]}, "
+                                 f"libCacheSim {h2}")
+            mc, mw, ml = (statistics.median(x) for x in (cold, warm, m_loop))
             for hp, (lw, ll) in lib.items():
                 lw, ll = statistics.median(lw), statistics.median(ll)
-                print(f"{pol:8} 2^{hp:<2} {mw:12.3f} {lw:11.3f} {lw / mw:6.2f} {ml:11.3f} "
-                      f"{ll:10.3f} {ll / ml:6.2f}")
+                print(f"{pol:8} 2^{hp:<2} {lw:11.3f} {mc:7.3f} {lw / mc:6.2f} {mw:7.3f} "
+                      f"{lw / mw:6.2f} {ll:10.3f} {ml:11.3f} {ll / ml:6.2f}", flush=True)
+        print("moonagent phases, medians over every run: " + ", ".join(
+            f"{k} {statistics.median(v):.3f} s" for k, v in phases.items()
+        ) + f" (load {os.getloadavg()[0]:.2f})")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+/// The binary, its compiled-trace cache in this test process's temporary directory (never
+/// the user's).
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_moonagent"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_moonagent"));
+    c.env("MOONAGENT_CACHE", tmp("compiled"));
+    c
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -230,4 +234,216 @@ fn plain_model_flags_are_checked_and_a_truncated_oracle_general_trace_names_the_
         .arg(&p));
     assert!(o.status.success(), "{e}");
     assert!(so.contains("capacity 1 objects"), "{so}");
+}
+
+/// A Zipf-like trace of `n` requests, as oracleGeneral bytes and as libCacheSim csv
+/// (header, string ids `obj<N>`, time in column 3, id in 1, size in 2).
+fn zipf_pair(n: u64) -> (Vec<u8>, String) {
+    let mut og = Vec::new();
+    let mut csv = String::from("obj,size,time\n");
+    let mut x: u64 = 15;
+    for i in 0..n {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        // Skewed ids: the smaller of two uniform draws, squared down.
+        let id = ((x >> 33) % 400).min((x >> 13) % 400) + 1;
+        let ts = (i / 100) as u32;
+        og.extend(ts.to_le_bytes());
+        og.extend(id.to_le_bytes());
+        og.extend(1u32.to_le_bytes());
+        og.extend((-1i64).to_le_bytes());
+        csv += &format!("obj{id},1,{ts}\n");
+    }
+    (og, csv)
+}
+
+fn json(p: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(p).expect("read json")).expect("json")
+}
+
+#[test]
+fn a_csv_trace_replays_as_its_oracle_general_twin() {
+    let (og, csv) = zipf_pair(5_000);
+    let og_path = tmp("twin.oracleGeneral");
+    std::fs::write(&og_path, og).expect("write");
+    let csv_path = write("twin.csv", &csv);
+    let plain = |trace: &Path, out: &Path, extra: &[&str]| {
+        let (o, _, e) = run(bin()
+            .args([
+                "replay",
+                "--cache-model",
+                "plain",
+                "--capacity-unit",
+                "objects",
+            ])
+            .args([
+                "--capacity",
+                "10,50",
+                "--policy",
+                "lru,fifo,s3-fifo,sieve,belady",
+            ])
+            .arg("--trace")
+            .arg(trace)
+            .arg("--out")
+            .arg(out)
+            .args(extra));
+        assert!(o.status.success(), "{e}");
+    };
+    let (a, b) = (tmp("twin-og.json"), tmp("twin-csv.json"));
+    plain(&og_path, &a, &[]);
+    // Detected by the name `.csv`; ids hashed (obj-id-is-num=false), header given.
+    plain(
+        &csv_path,
+        &b,
+        &[
+            "--trace-type-params",
+            "obj-id-col=1, obj-size-col=2, time-col=3, has-header=true, obj-id-is-num=false, delimiter=,",
+        ],
+    );
+    let (a, b) = (json(&a), json(&b));
+    assert_eq!(a["runs"], b["runs"]);
+    assert_eq!(a["requests"], b["requests"]);
+    assert!(
+        a["runs"][0]["results"][0]["total"]["hits"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
+
+#[test]
+fn bad_csv_input_names_the_file_line_column_and_what_was_expected() {
+    let p = write("bad.csv", "time,obj,size\n1,7,10\n2,8,ten\n");
+    let csv = |params: &[&str]| {
+        run(bin()
+            .args(["replay", "--cache-model", "plain", "--capacity", "1"])
+            .arg("--trace")
+            .arg(&p)
+            .args(params))
+    };
+    fails_with(
+        csv(&["-t", "time-col=1,obj-id-col=2,obj-size-col=3"]),
+        &[
+            "bad.csv",
+            "line 3, column 3 (obj-size-col): expected an unsigned 32-bit integer (bytes), \
+             found \"ten\"",
+        ],
+    );
+    fails_with(
+        csv(&[]),
+        &["bad.csv", "needs --trace-type-params \"obj-id-col=N,...\""],
+    );
+    fails_with(
+        csv(&["-t", "obj-id-col=2,ttl-col=4"]),
+        &["--trace-type-params: ttl-col: a libCacheSim option"],
+    );
+    fails_with(
+        replay(&["--capacity", "10%", "-t", "obj-id-col=1"]),
+        &["--trace-type-params: only with --trace-format csv"],
+    );
+}
+
+/// The cache's one file (there is one compiled trace in `dir`).
+fn cache_file(dir: &Path) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("cache dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(files[0].extension().and_then(|e| e.to_str()), Some("mtc"));
+    files[0].clone()
+}
+
+#[test]
+fn the_trace_cache_gives_byte_identical_output_and_rebuilds_damaged_files() {
+    let dir = tmp("own-cache");
+    let _ = std::fs::remove_dir_all(&dir);
+    // The Mooncake model on a moonagent trace (images and KV, miss costs), and the plain
+    // model on an oracleGeneral one.
+    let (og, _) = zipf_pair(3_000);
+    let og_path = tmp("cached.oracleGeneral");
+    std::fs::write(&og_path, og).expect("write");
+    let cases: [(PathBuf, &[&str]); 2] = [
+        (
+            trace(),
+            &["--capacity", "5%,30%", "--policy", "lru,belady-cost"],
+        ),
+        (
+            og_path,
+            &[
+                "--cache-model",
+                "plain",
+                "--capacity-unit",
+                "objects",
+                "--capacity",
+                "40",
+                "--policy",
+                "s3-fifo",
+            ],
+        ),
+    ];
+    for (k, (trace, args)) in cases.iter().enumerate() {
+        let _ = std::fs::remove_dir_all(&dir);
+        let go = |name: &str, extra: &[&str]| {
+            let out = tmp(&format!("cache-{k}-{name}.json"));
+            let (o, _, e) = run(bin()
+                .env("MOONAGENT_CACHE", &dir)
+                .arg("replay")
+                .arg("--trace")
+                .arg(trace)
+                .args(*args)
+                .arg("--out")
+                .arg(&out)
+                .args(extra));
+            assert!(o.status.success(), "{e}");
+            (std::fs::read(&out).expect("out"), e)
+        };
+        let (off, e) = go("off", &["--no-trace-cache"]);
+        assert!(!e.contains("trace cache"), "{e}");
+        assert!(!dir.exists());
+        let (cold, e) = go("cold", &[]);
+        assert!(
+            e.contains("no compiled trace yet") && e.contains("trace cache: wrote"),
+            "{e}"
+        );
+        let (warm, e) = go("warm", &[]);
+        assert!(e.contains("trace cache: mapped"), "{e}");
+        assert_eq!(off, cold);
+        assert_eq!(off, warm);
+        // Damaged files are refused, rebuilt, and the output does not change.
+        let file = cache_file(&dir);
+        let good = std::fs::read(&file).expect("cache file");
+        let mut bad = good.clone();
+        *bad.last_mut().expect("bytes") ^= 0x40;
+        for (damage, bytes, says) in [
+            ("flip", bad, "checksum mismatch"),
+            ("cut", good[..good.len() - 3].to_vec(), "wrong length"),
+            (
+                "magic",
+                [&b"NOTMOON!"[..], &good[8..]].concat(),
+                "wrong magic",
+            ),
+            (
+                "version",
+                [&good[..8], &[9u8, 0, 0, 0][..], &good[12..]].concat(),
+                "format version 9",
+            ),
+        ] {
+            std::fs::write(&file, bytes).expect("damage");
+            let (again, e) = go(damage, &[]);
+            assert!(
+                e.contains(says) && e.contains("trace cache: wrote"),
+                "{damage}: {e}"
+            );
+            assert_eq!(off, again, "{damage}");
+            assert_eq!(std::fs::read(&file).expect("rebuilt"), good, "{damage}");
+        }
+        // Other compile options are another file; the first is kept.
+        if k == 0 {
+            let (_, e) = go("kv-only", &["--kv-only"]);
+            assert!(e.contains("no compiled trace yet"), "{e}");
+            assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 2);
+        }
+    }
 }

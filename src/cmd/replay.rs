@@ -7,13 +7,14 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
 use moonagent_sim::progress;
+use moonagent_sim::replay::trace_cache::{key_of_bytes, key_of_file};
 pub use moonagent_sim::replay::{
     capacities, min_bounds, min_bounds_objects, results_table, CapacityRun,
 };
 use moonagent_sim::replay::{
     grid, replay_one, replay_plain, sizes_for_model, CapacityUnit, CompileOptions, Compiled,
-    Include, LabelledPolicy, LinearCost, MissCost, ModelCost, PlainConfig, PolicyResult,
-    TypeResult,
+    CsvParams, Include, LabelledPolicy, LinearCost, MissCost, ModelCost, ObjectSizes, PlainConfig,
+    PolicyResult, TraceCache, TraceKey, TypeResult,
 };
 use moonagent_sim::table::Table;
 use moonagent_traces::TraceReader;
@@ -36,12 +37,15 @@ pub enum CacheModel {
 /// The trace file's format.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TraceFormat {
-    /// By name: `*.oracleGeneral` / `*.oracleGeneral.bin` are oracle-general, else moonagent.
+    /// By name: `*.oracleGeneral` / `*.oracleGeneral.bin` are oracle-general, `*.csv` csv,
+    /// else moonagent.
     Auto,
     /// moonagent's trace schema (.jsonl or .parquet).
     Moonagent,
     /// libCacheSim's binary `oracleGeneral` (24-byte records).
     OracleGeneral,
+    /// libCacheSim's csv traces; the columns and options in --trace-type-params.
+    Csv,
     /// Mooncake's FAST'25 JSONL, flattened to its KV blocks (512 tokens each, whole blocks
     /// of Qwen2.5-VL-7B KV bytes, H200 miss costs), as `repro mooncake-capacity` reads it.
     Mooncake,
@@ -56,6 +60,15 @@ pub struct ReplayArgs {
     /// The trace's format.
     #[arg(long, value_enum, default_value = "auto")]
     pub trace_format: TraceFormat,
+    /// libCacheSim's csv reader options, as its CLI takes them (columns from 1):
+    /// "time-col=1,obj-id-col=2,obj-size-col=3,delimiter=,,has-header=true,obj-id-is-num=true".
+    /// obj-id-col is required; the rest are optional (delimiter and header detected).
+    #[arg(long, short = 't')]
+    pub trace_type_params: Option<String>,
+    /// Neither read nor write the compiled-trace cache ($MOONAGENT_CACHE, else
+    /// ~/.cache/moonagent/compiled): read and compile the trace every time.
+    #[arg(long)]
+    pub no_trace_cache: bool,
     /// Cache semantics: `mooncake` (the store, default) or `plain` (libCacheSim-compatible:
     /// evict before insert, per-access counting, no leases or watermarks).
     #[arg(long, value_enum, default_value = "mooncake")]
@@ -271,6 +284,139 @@ pub fn write_out<R: Serialize>(
     Ok(())
 }
 
+/// Replay every (capacity, policy) pair of the grid under `model`.
+fn run_grid(
+    model: CacheModel,
+    caps: &[u64],
+    unit: CapacityUnit,
+    base: &MemStoreConfig,
+    pols: &[LabelledPolicy],
+    compiled: &Compiled,
+    done: &(dyn Fn() + Sync),
+) -> Result<Vec<Vec<PolicyResult>>> {
+    match model {
+        CacheModel::Mooncake => {
+            let cfgs: Vec<MemStoreConfig> = caps
+                .iter()
+                .map(|&c| MemStoreConfig {
+                    capacity_bytes: c,
+                    ..base.clone()
+                })
+                .collect();
+            grid(&cfgs, pols, |c, p| replay_one(compiled, c, p), done)
+        }
+        CacheModel::Plain => {
+            let cfgs: Vec<PlainConfig> = caps
+                .iter()
+                .map(|&capacity| PlainConfig { capacity, unit })
+                .collect();
+            grid(&cfgs, pols, |c, p| replay_plain(compiled, c, p), done)
+        }
+    }
+    .map_err(anyhow::Error::msg)
+}
+
+/// Everything besides the trace's bytes that its compiled form depends on, as the
+/// compiled-trace cache's key takes it: the format and its options, for moonagent traces
+/// the object sizes, included types and the miss-cost model, and this binary (its version,
+/// length and modification time, so that a rebuilt binary never reads what another build
+/// compiled).
+fn compile_description(
+    format: TraceFormat,
+    csv: Option<&CsvParams>,
+    args: &ReplayArgs,
+    sizes: &ObjectSizes,
+    include: Include,
+) -> Result<String> {
+    let exe = std::env::current_exe()
+        .and_then(std::fs::metadata)
+        .map(|m| {
+            let t = m
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            format!("{} {t}", m.len())
+        })
+        .unwrap_or_else(|_| "unknown".into());
+    let mut d = format!(
+        "moonagent {} ({exe}); format {format:?}",
+        env!("CARGO_PKG_VERSION")
+    );
+    match format {
+        TraceFormat::Csv => {
+            d += &format!("; csv {:?}", csv.map(CsvParams::to_param_string));
+        }
+        TraceFormat::Moonagent | TraceFormat::Auto => {
+            let cost = match &args.cost {
+                Some(p) => {
+                    let b = std::fs::read(p).with_context(|| format!("--cost {}", p.display()))?;
+                    format!("linear {}", key_of_bytes(&b, b"").hex())
+                }
+                None => format!("roofline {} {}", args.hardware, args.model),
+            };
+            d += &format!(
+                "; sizes {sizes:?}; include {include:?}; kv_full_blocks {}; cost {cost}",
+                args.kv_full_blocks
+            );
+        }
+        TraceFormat::OracleGeneral | TraceFormat::Mooncake => {}
+    }
+    Ok(d)
+}
+
+/// Read and compile the trace. For the formats read whole into memory (oracleGeneral,
+/// csv), also the cache key of the bytes compiled, when `key_extra` is given.
+#[allow(clippy::too_many_arguments)]
+fn compile_trace(
+    path: &Path,
+    format: TraceFormat,
+    csv: Option<&CsvParams>,
+    args: &ReplayArgs,
+    sizes: &ObjectSizes,
+    include: Include,
+    cost: &dyn MissCost,
+    key_extra: Option<&[u8]>,
+) -> Result<(Compiled, Option<TraceKey>)> {
+    let read = || std::fs::read(path).with_context(|| format!("reading trace {}", path.display()));
+    Ok(match format {
+        TraceFormat::OracleGeneral => {
+            let bytes = read()?;
+            let c = Compiled::from_oracle_general_bytes(&bytes)
+                .map_err(|e| anyhow::anyhow!("--trace {}: {e}", path.display()))?;
+            (c, key_extra.map(|x| key_of_bytes(&bytes, x)))
+        }
+        TraceFormat::Csv => {
+            let bytes = read()?;
+            let p = csv.expect("csv options parsed before");
+            let c = Compiled::from_csv_bytes(&bytes, p)
+                .map_err(|e| anyhow::anyhow!("--trace {}: {e}", path.display()))?;
+            (c, key_extra.map(|x| key_of_bytes(&bytes, x)))
+        }
+        TraceFormat::Mooncake => (
+            Compiled::mooncake_kv(path).map_err(|e| anyhow::anyhow!("--trace: {e}"))?,
+            None,
+        ),
+        TraceFormat::Moonagent | TraceFormat::Auto => {
+            let reader = TraceReader::open(path)
+                .with_context(|| format!("opening trace {}", path.display()))?;
+            let opts = CompileOptions {
+                block_size: reader.header().block_size_tokens,
+                sizes: *sizes,
+                include,
+                kv_full_blocks: args.kv_full_blocks,
+            };
+            // A spinner counting requests while the trace is read and compiled.
+            let rp = progress::spinner("reading", "requests", true);
+            let reqs = reader.inspect(|_| rp.inc(1));
+            let c = Compiled::compile(reqs, &opts, cost)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            rp.finish_and_clear();
+            (c, None)
+        }
+    })
+}
+
 /// Run `moonagent replay`.
 pub fn run(args: ReplayArgs) -> Result<()> {
     let pols = policies(&args.policies, &args.policy_configs)?;
@@ -304,39 +450,82 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             let name = args.trace.to_string_lossy();
             if name.ends_with(".oracleGeneral") || name.ends_with(".oracleGeneral.bin") {
                 TraceFormat::OracleGeneral
+            } else if name.ends_with(".csv") {
+                TraceFormat::Csv
             } else {
                 TraceFormat::Moonagent
             }
         }
         f => f,
     };
+    let csv = match (format, &args.trace_type_params) {
+        (TraceFormat::Csv, Some(p)) => Some(CsvParams::parse(p)?),
+        (TraceFormat::Csv, None) => bail!(
+            "--trace {}: a csv trace needs --trace-type-params \"obj-id-col=N,...\" \
+             (libCacheSim's csv options)",
+            args.trace.display()
+        ),
+        (_, Some(_)) => bail!("--trace-type-params: only with --trace-format csv"),
+        (_, None) => None,
+    };
+    let include = Include {
+        images: !args.kv_only,
+        kv: !args.images_only,
+    };
     // Wall-clock phase times go to stderr only (never into results).
     let t_load = std::time::Instant::now();
-    let compiled = match format {
-        TraceFormat::OracleGeneral => Compiled::from_oracle_general(&args.trace)
-            .map_err(|e| anyhow::anyhow!("--trace {}: {e}", args.trace.display()))?,
-        TraceFormat::Mooncake => {
-            Compiled::mooncake_kv(&args.trace).map_err(|e| anyhow::anyhow!("--trace: {e}"))?
+    let cache = if args.no_trace_cache {
+        None
+    } else {
+        let c = TraceCache::default_dir().map(TraceCache::new);
+        if c.is_none() {
+            eprintln!("trace cache: off (no MOONAGENT_CACHE, XDG_CACHE_HOME or HOME)");
         }
-        _ => {
-            let reader = TraceReader::open(&args.trace)
-                .with_context(|| format!("opening trace {}", args.trace.display()))?;
-            let opts = CompileOptions {
-                block_size: reader.header().block_size_tokens,
-                sizes,
-                include: Include {
-                    images: !args.kv_only,
-                    kv: !args.images_only,
-                },
-                kv_full_blocks: args.kv_full_blocks,
+        c
+    };
+    let extra = compile_description(format, csv.as_ref(), &args, &sizes, include)?;
+    let key = match &cache {
+        Some(_) => Some(
+            key_of_file(&args.trace, extra.as_bytes())
+                .with_context(|| format!("reading trace {}", args.trace.display()))?,
+        ),
+        None => None,
+    };
+    let hash_s = t_load.elapsed().as_secs_f64();
+    let mut mapped = None;
+    if let (Some(c), Some(k)) = (&cache, &key) {
+        match c.load(k) {
+            Ok(m) => {
+                eprintln!("trace cache: mapped {}", c.path(k).display());
+                mapped = Some(m);
+            }
+            Err(why) => eprintln!("trace cache: {} ({why}); compiling", c.path(k).display()),
+        }
+    }
+    let from_cache = mapped.is_some();
+    let (compiled, store_key) = match mapped {
+        Some(m) => (m, None),
+        None => {
+            let (c, bytes_key) = compile_trace(
+                &args.trace,
+                format,
+                csv.as_ref(),
+                &args,
+                &sizes,
+                include,
+                cost.as_ref(),
+                key.is_some().then_some(extra.as_bytes()),
+            )?;
+            // Stored only under the key of the bytes compiled (when the reader held them
+            // in memory): a trace that changed after it was hashed is not cached.
+            let store = match (key, bytes_key) {
+                (Some(k), Some(b)) if k != b => {
+                    eprintln!("trace cache: the trace changed while it was read; not cached");
+                    None
+                }
+                (k, _) => k,
             };
-            // A spinner counting requests while the trace is read and compiled.
-            let rp = progress::spinner("reading", "requests", true);
-            let reqs = reader.inspect(|_| rp.inc(1));
-            let c = Compiled::compile(reqs, &opts, cost.as_ref())
-                .map_err(|e| anyhow::anyhow!("{}: {e}", args.trace.display()))?;
-            rp.finish_and_clear();
-            c
+            (c, store)
         }
     };
     let unique = compiled.unique_bytes();
@@ -369,29 +558,39 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     // A bar over the (capacity, policy) runs, ticked as each finishes.
     let pb = progress::bar("replay", (caps.len() * pols.len()) as u64, "runs", true);
     let done = || pb.inc(1);
-    let grid = match args.cache_model {
-        CacheModel::Mooncake => {
-            let cfgs: Vec<MemStoreConfig> = caps
-                .iter()
-                .map(|&c| MemStoreConfig {
-                    capacity_bytes: c,
-                    ..base.clone()
-                })
-                .collect();
-            grid(&cfgs, &pols, |c, p| replay_one(&compiled, c, p), &done)
-        }
-        CacheModel::Plain => {
-            let cfgs: Vec<PlainConfig> = caps
-                .iter()
-                .map(|&capacity| PlainConfig { capacity, unit })
-                .collect();
-            grid(&cfgs, &pols, |c, p| replay_plain(&compiled, c, p), &done)
-        }
+    // A freshly compiled trace is written to the cache on a second thread while the
+    // replay runs (the file is renamed into place only once whole).
+    let (grid, stored) = std::thread::scope(|s| {
+        let writer = match (&cache, &store_key) {
+            (Some(c), Some(k)) => Some(s.spawn(|| (c.path(k), c.store(k, &compiled)))),
+            _ => None,
+        };
+        let grid = run_grid(
+            args.cache_model,
+            &caps,
+            unit,
+            &base,
+            &pols,
+            &compiled,
+            &done,
+        );
+        (grid, writer.map(|w| w.join()))
+    });
+    match stored {
+        Some(Ok((_, Ok(p)))) => eprintln!("trace cache: wrote {}", p.display()),
+        Some(Ok((p, Err(e)))) => eprintln!("trace cache: could not write {}: {e}", p.display()),
+        Some(Err(_)) => eprintln!("trace cache: the writer thread panicked"),
+        None => {}
     }
-    .map_err(anyhow::Error::msg)?;
+    let grid = grid?;
     pb.finish_and_clear();
     eprintln!(
-        "timing: trace read and compiled in {load_s:.3} s, replayed in {:.3} s",
+        "timing: trace hashed in {hash_s:.3} s, {} in {load_s:.3} s, replayed in {:.3} s",
+        if from_cache {
+            "mapped from the cache"
+        } else {
+            "read and compiled"
+        },
         t_replay.elapsed().as_secs_f64()
     );
     let mut report = ReplayReport {

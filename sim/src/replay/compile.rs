@@ -6,14 +6,19 @@ use moonagent_core::store::DataType;
 use moonagent_traces::schema::Request;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use super::{MissCost, ModelCost, ObjectSizes, ReplayError};
+use super::{MissCost, ModelCost, ObjectSizes, ReplayError, Slab};
 
 /// Never accessed again (offline policies' oracle value).
 pub const NEVER: u32 = u32::MAX;
 
 /// One store access of the compiled trace (32 bytes, so 10M accesses fit in 320 MB).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// `repr(C)` with no padding: the compiled-trace cache ([`super::trace_cache`]) stores
+/// accesses as these 32 bytes (little-endian) and maps them back without a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
 pub struct Access {
     /// Time of the access (the request's arrival).
     pub time: u64,
@@ -32,7 +37,7 @@ pub struct Access {
     /// [`FIRST_KV`] on the first KV block of a request's prefix lookup; [`REUSE`] on a
     /// re-reference (set by [`Compiled::fill_next`]).
     pub flags: u8,
-    _pad: u8,
+    pub(crate) _pad: u8,
 }
 
 /// `Access::flags`: the first KV block of a request's prefix lookup.
@@ -116,16 +121,17 @@ impl Default for CompileOptions {
     }
 }
 
-/// A trace compiled to accesses, shared read-only by every policy's replay.
+/// A trace compiled to accesses, shared read-only by every policy's replay. Its arrays are
+/// [`Slab`]s: owned, or mapped from the compiled-trace cache.
 #[derive(Debug, Default, Clone)]
 pub struct Compiled {
     /// All accesses in replay order.
-    pub accesses: Vec<Access>,
+    pub accesses: Slab<Access>,
     /// Requests compiled.
     pub requests: u64,
     /// Per access, a dense object number (unique per `(dtype, id)`), the store's key:
     /// a 4-byte key keeps the store's index small. Filled by [`Compiled::fill_next`].
-    pub objects: Vec<u32>,
+    pub objects: Slab<u32>,
     /// Distinct objects (the object numbers are `0..distinct`).
     pub distinct: u32,
 }
@@ -312,22 +318,23 @@ impl Compiled {
     fn fill_next_by<K: std::hash::Hash + Eq>(&mut self, key: impl Fn(&Access) -> K) {
         // object key -> (next access index, object number)
         let mut seen: FxHashMap<K, (u32, u32)> = FxHashMap::default();
-        let n = self.accesses.len();
-        self.objects.clear();
-        self.objects.resize(n, 0);
+        let accesses = self.accesses.to_mut();
+        let n = accesses.len();
+        let mut objects = vec![0u32; n];
         for i in (0..n).rev() {
-            let a = &mut self.accesses[i];
+            let a = &mut accesses[i];
             a.flags &= !REUSE;
             let fresh = seen.len() as u32;
             let e = seen.entry(key(a)).or_insert((NEVER, fresh));
             let next = std::mem::replace(&mut e.0, i as u32);
             a.next = next;
-            self.objects[i] = e.1;
+            objects[i] = e.1;
             if next != NEVER {
                 // The later access has an earlier one (this): it is a re-reference.
-                self.accesses[next as usize].flags |= REUSE;
+                accesses[next as usize].flags |= REUSE;
             }
         }
+        self.objects = objects.into();
         self.distinct = seen.len() as u32;
     }
 

@@ -34,8 +34,12 @@
 //!
 //! A second cache model, [`plain`] (`--cache-model plain`), replays the same compiled
 //! trace with libCacheSim's semantics (evict before insert, every access a lookup, no
-//! leases or watermarks, object-count or byte capacity); [`oracle_general`] reads
-//! libCacheSim's binary traces.
+//! leases or watermarks, object-count or byte capacity); [`oracle_general`] and [`csv`]
+//! read libCacheSim's binary and csv traces.
+//!
+//! [`trace_cache`] keeps each compiled trace as a flat file named by the trace's content
+//! hash and compile options; a second replay of the same trace maps it instead of reading
+//! and compiling again ([`Compiled`]'s arrays are [`Slab`]s, owned or mapped).
 //!
 //! Limits: the replay does not model that a KV prefix lost to eviction also needs the
 //! encoder outputs of the images inside it (the trace does not say where images sit in
@@ -44,6 +48,7 @@
 pub mod ablation;
 mod compile;
 mod costs;
+pub mod csv;
 mod error;
 mod min_bound;
 mod names;
@@ -52,9 +57,12 @@ pub mod plain;
 mod report;
 mod results;
 mod run;
+mod slab;
+pub mod trace_cache;
 
 pub use compile::{Access, CompileOptions, Compiled, Include, FIRST_KV, NEVER, REUSE};
 pub use costs::{sizes_for_model, LinearCost, MissCost, ModelCost, ObjectSizes};
+pub use csv::{CsvError, CsvParams};
 pub use error::ReplayError;
 pub use min_bound::min_bound;
 pub use names::{policy_by_name, POLICY_NAMES};
@@ -65,5 +73,7 @@ pub use report::{
 };
 pub use results::{LabelledPolicy, PolicyResult, TypeResult};
 pub use run::{grid, replay_all, replay_grid, replay_one};
+pub use slab::Slab;
+pub use trace_cache::{TraceCache, TraceKey};
 
 use run::{count_lookup, hints};

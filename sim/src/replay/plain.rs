@@ -144,8 +144,9 @@ pub fn replay_plain(
         stats: StoreStats::default(),
     };
     let mut by = [TypeResult::default(); DataType::COUNT];
+    let objects: &[u32] = &compiled.objects;
     for (i, a) in compiled.accesses.iter().enumerate() {
-        let obj = compiled.objects[i];
+        let obj = objects[i];
         let weight = match cfg.unit {
             CapacityUnit::Bytes => u64::from(a.size),
             CapacityUnit::Objects => 1,

@@ -71,7 +71,7 @@ pub fn replay_one(
         by: [TypeResult::default(); DataType::COUNT],
         missing: Vec::new(),
     };
-    let acc = &compiled.accesses;
+    let acc: &[Access] = &compiled.accesses;
     let kv = DataType::KvCache.index() as u8;
     let mut i = 0;
     while i < acc.len() {
