@@ -408,7 +408,13 @@ fn compile_trace(
             };
             // A spinner counting requests while the trace is read and compiled.
             let rp = progress::spinner("reading", "requests", true);
-            let reqs = reader.inspect(|_| rp.inc(1));
+            // Once the last line is read, the spinner says the compile (next accesses,
+            // dense object numbers) is what runs.
+            let reqs = reader.inspect(|_| rp.inc(1)).chain(std::iter::from_fn(|| {
+                rp.set_prefix("compiling");
+                rp.set_message("read; computing next accesses");
+                None
+            }));
             let c = Compiled::compile(reqs, &opts, cost)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             rp.finish_and_clear();
@@ -605,8 +611,18 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             .collect(),
         runs: Vec::new(),
     };
+    let mb = if args.no_min_bound {
+        None
+    } else {
+        Some(progress::bar(
+            "MIN bound",
+            caps.len() as u64,
+            "capacities",
+            true,
+        ))
+    };
     for (capacity_bytes, results) in caps.into_iter().zip(grid) {
-        let run = CapacityRun {
+        report.runs.push(CapacityRun {
             capacity_bytes,
             min_bound: match unit {
                 _ if args.no_min_bound => BTreeMap::new(),
@@ -614,9 +630,16 @@ pub fn run(args: ReplayArgs) -> Result<()> {
                 CapacityUnit::Objects => min_bounds_objects(&compiled, capacity_bytes),
             },
             results,
-        };
-        print_results(&run, unit);
-        report.runs.push(run);
+        });
+        if let Some(b) = &mb {
+            b.inc(1);
+        }
+    }
+    if let Some(b) = mb {
+        b.finish_and_clear();
+    }
+    for run in &report.runs {
+        print_results(run, unit);
     }
     if let Some(out) = &args.out {
         write_out(out, &report, || results_table(&report.runs))?;
