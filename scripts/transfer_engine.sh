@@ -34,7 +34,8 @@ STAMP=$DEST/.built
 LOGS=$HOME_DIR/logs
 LOG=$LOGS/transfer-engine-$COMMIT.log
 # Debian packages the Transfer Engine's cmake needs (ibverbs is linked even without RDMA hardware).
-PKGS="cmake g++ make pkg-config libibverbs-dev librdmacm-dev libgoogle-glog-dev libgflags-dev
+# patchelf: the libraries' RUNPATH points into the (deleted) build tree; it is set to $ORIGIN.
+PKGS="cmake g++ make pkg-config patchelf libibverbs-dev librdmacm-dev libgoogle-glog-dev libgflags-dev
 libjsoncpp-dev libnuma-dev libyaml-cpp-dev libcurl4-openssl-dev libasio-dev"
 
 log() { echo "[transfer-engine] $*" >&2; }
@@ -66,12 +67,25 @@ install_packages() {
   fi
 }
 
+# Every library in lib/ finds its siblings through RUNPATH=$ORIGIN (cmake leaves the build
+# tree's folders there). Checked on every call, so an older build here is fixed in place.
+fix_runpath() {
+  local f bad=""
+  for f in "$LIB"/*.so; do
+    readelf -d "$f" | grep 'RUNPATH.*\[\$ORIGIN\]' > /dev/null || bad="$bad $f"
+  done
+  [[ -z $bad ]] && return 0
+  install_packages
+  # shellcheck disable=SC2086
+  patchelf --set-rpath '$ORIGIN' $bad
+}
+
 build() {
   mkdir -p "$LOGS" "$DEST"
   # One build at a time per machine: a second caller waits here, then sees the stamp.
   exec 9> "$DEST/.lock"
   flock 9
-  if [[ -f $STAMP ]]; then print_env; return 0; fi
+  if [[ -f $STAMP ]]; then fix_runpath; print_env; return 0; fi
   [[ -f $TARBALL ]] || { log "source tarball not found: $TARBALL (set MOONAGENT_TE_TARBALL)"; exit 1; }
   : > "$LOG"
   install_packages
@@ -100,6 +114,7 @@ build() {
     [[ -n $f ]] || { log "build finished but $want was not produced; see $LOG"; exit 1; }
     cp -L "$f" "$LIB/$want"
   done
+  fix_runpath
   secs=$(( $(date +%s) - start ))
   echo "$secs" > "$DEST/build-seconds"
   # The object files are not needed once the libraries are copied (hundreds of MB).

@@ -274,15 +274,7 @@ fn run_cmd(a: RunArgs) -> Result<()> {
     let pb = progress::spinner("validate run", "", true);
     pb.set_message(format!("{} requests, {}", trace.len(), cfg.mode.name()));
     let r = match a.store {
-        StoreKind::Mem => run_trace(
-            &cfg,
-            &trace,
-            bs,
-            mem_store(&cfg)?,
-            exec,
-            a.speedup,
-            opts,
-        ),
+        StoreKind::Mem => run_trace(&cfg, &trace, bs, mem_store(&cfg)?, exec, a.speedup, opts),
         StoreKind::Mooncake => {
             let store = match BridgeStore::from_env() {
                 Some(s) => s.context("connecting to the Mooncake bridge")?,

@@ -32,7 +32,9 @@ pub enum TeError {
         detail: String,
     },
     /// A transfer was refused, failed or timed out.
-    #[error("Transfer Engine write {from}->{to} of {bytes} bytes at slot offset {offset}: {detail}")]
+    #[error(
+        "Transfer Engine write {from}->{to} of {bytes} bytes at slot offset {offset}: {detail}"
+    )]
     Transfer {
         /// Sender.
         from: usize,
@@ -189,17 +191,20 @@ mod imp {
             }
             for (w, worker) in ws.iter_mut().enumerate() {
                 for (p, name) in names.iter().enumerate() {
-                    let seg = if p == w {
-                        None
-                    } else {
-                        // `open_segment` takes the `ip:port` name P2P mode gives a peer
-                        // (mooncake-rs's `validate_peer_name` would reject it; unused here).
-                        Some(worker.engine().open_segment(name).map_err(|e| TeError::Setup {
-                            worker: w,
-                            what: "open a peer's segment",
-                            detail: format!("{name}: {e}"),
-                        })?)
-                    };
+                    let seg =
+                        if p == w {
+                            None
+                        } else {
+                            // `open_segment` takes the `ip:port` name P2P mode gives a peer
+                            // (mooncake-rs's `validate_peer_name` would reject it; unused here).
+                            Some(worker.engine().open_segment(name).map_err(|e| {
+                                TeError::Setup {
+                                    worker: w,
+                                    what: "open a peer's segment",
+                                    detail: format!("{name}: {e}"),
+                                }
+                            })?)
+                        };
                     worker.segments.push(seg);
                 }
             }
@@ -273,7 +278,10 @@ mod imp {
                     "worker {to} does not exist ({n} workers)"
                 )));
             }
-            if offset.checked_add(len).is_none_or(|end| end > self.inner.slot) {
+            if offset
+                .checked_add(len)
+                .is_none_or(|end| end > self.inner.slot)
+            {
                 return Err(TeError::Range(format!(
                     "{len} bytes at offset {offset} do not fit a slot of {} bytes",
                     self.inner.slot
@@ -286,7 +294,9 @@ mod imp {
         pub fn outbox(&mut self) -> &mut [u8] {
             // SAFETY: slot `me` of worker `me` is only read by the engine during this
             // NIC's own `write` (which holds `&mut self`), so no one else aliases it now.
-            unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(self.me, self.me), self.inner.slot) }
+            unsafe {
+                std::slice::from_raw_parts_mut(self.slot_ptr(self.me, self.me), self.inner.slot)
+            }
         }
 
         /// What has landed from this worker in worker `to`'s buffer: `len` bytes at
@@ -295,9 +305,7 @@ mod imp {
             self.check(to, offset, len)?;
             // SAFETY: slot `me` of `to` is written only by this NIC's `write`, which needs
             // `&mut self` and has completed; the borrow of `self` keeps it from starting.
-            Ok(unsafe {
-                std::slice::from_raw_parts(self.slot_ptr(to, self.me).add(offset), len)
-            })
+            Ok(unsafe { std::slice::from_raw_parts(self.slot_ptr(to, self.me).add(offset), len) })
         }
 
         /// The first byte of `len` at `offset` where what landed in worker `to` differs from
@@ -332,7 +340,8 @@ mod imp {
                 return Ok(());
             }
             let w = &self.inner.workers[self.me];
-            let seg = w.segments[to].ok_or_else(|| err("a worker cannot write to itself".into()))?;
+            let seg =
+                w.segments[to].ok_or_else(|| err("a worker cannot write to itself".into()))?;
             let src = self.slot_ptr(self.me, self.me).wrapping_add(offset);
             let dst = self.slot_ptr(to, self.me) as u64 + offset as u64;
             let mut req = [TransferRequest {
@@ -343,7 +352,9 @@ mod imp {
                 length: len as u64,
             }];
             let engine = w.engine();
-            let batch = engine.allocate_batch_id(1).map_err(|e| err(e.to_string()))?;
+            let batch = engine
+                .allocate_batch_id(1)
+                .map_err(|e| err(e.to_string()))?;
             let r = engine
                 .submit_transfer(batch, &mut req)
                 .map_err(|e| err(e.to_string()))
@@ -367,7 +378,11 @@ mod imp {
                 4 => return Ok(()),
                 5 => return Err("the engine reported a timeout".into()),
                 6 => return Err("the engine reported a failure".into()),
-                2 | 3 => return Err(format!("the engine reported status {status} (invalid or canceled)")),
+                2 | 3 => {
+                    return Err(format!(
+                        "the engine reported status {status} (invalid or canceled)"
+                    ))
+                }
                 _ => {}
             }
             if t0.elapsed() > TRANSFER_TIMEOUT {

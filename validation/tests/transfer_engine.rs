@@ -14,8 +14,7 @@ use moonagent_core::serve::{Action, Engine, Flow, Mode, Payloads, WorkerId};
 use moonagent_core::store::{MemStore, MemStoreConfig};
 use moonagent_validation::backend::link::{LinkError, Sink};
 use moonagent_validation::backend::{
-    kv_link_stats, run, BackendError, ExecError, Executor, KvPath, Measured, RunOptions, Step,
-    Work,
+    kv_link_stats, run, BackendError, ExecError, Executor, KvPath, Measured, RunOptions, Step, Work,
 };
 use moonagent_validation::te::{self, TeCluster, TeError};
 
@@ -54,8 +53,8 @@ fn kv_pages_of_several_sizes_land_byte_for_byte() {
                 let n = &mut nics[from];
                 te::stamp(&mut n.outbox()[offset..offset + len], seq);
                 // One byte past the page keeps what it had.
-                let after = (offset + len < SLOT)
-                    .then(|| n.landed(to, offset + len, 1).unwrap()[0]);
+                let after =
+                    (offset + len < SLOT).then(|| n.landed(to, offset + len, 1).unwrap()[0]);
                 n.write(to, offset, len).unwrap();
                 assert_eq!(
                     n.first_difference(to, offset, len).unwrap(),
@@ -159,11 +158,18 @@ fn toy_run(path: KvPath) -> Option<(Measured, Vec<u64>)> {
         }
         Err(err) => panic!("{path:?}: {err}"),
     };
-    assert!(m.done.iter().all(|&d| d), "{path:?}: not every request finished");
+    assert!(
+        m.done.iter().all(|&d| d),
+        "{path:?}: not every request finished"
+    );
     // Its input log replays through a fresh engine to its own action log.
     let store = MemStore::<String>::new(MemStoreConfig::with_capacity(256 << 20)).unwrap();
     let mut fresh = Engine::new(cfg, store, &trace, Some(Box::new(ToyPricing))).unwrap();
-    assert_eq!(replay_inputs(&mut fresh, &m.inputs).unwrap(), m.actions, "{path:?}");
+    assert_eq!(
+        replay_inputs(&mut fresh, &m.inputs).unwrap(),
+        m.actions,
+        "{path:?}"
+    );
     // The KV handoffs it decided, by size.
     let mut handoffs: Vec<u64> = m
         .actions

@@ -115,7 +115,9 @@ pub enum BackendError {
 }
 
 /// The link a transfer took.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum KvPath {
     /// The NIC's loopback TCP connection to the sink ([`link`]): every transfer but a
@@ -607,7 +609,8 @@ fn nic_thread(
                 Some((t, to)) => te_handoff(t, w, to, bytes, &mut seq, verify),
                 None => {
                     let t0 = Instant::now();
-                    nic.send(bytes).map(|()| (t0, t0.elapsed().as_nanos() as u64))
+                    nic.send(bytes)
+                        .map(|()| (t0, t0.elapsed().as_nanos() as u64))
                 }
             };
             let (t0, measured_ns) = match r {
