@@ -4,6 +4,10 @@
 #   1. cargo fmt --check and clippy -D warnings on every target
 #   2. a real Mooncake Store on loopback (scripts/mooncake.sh up; stopped by PID on exit)
 #   3. unit, property and integration tests of every crate, the real-store tests included
+#   3b. the Transfer Engine KV path: scripts/transfer_engine.sh builds Mooncake's Transfer
+#      Engine once per machine (~12-21 min on 2 cores; then it returns at once), then clippy and
+#      the feature's test target with the env it prints (MOONAGENT_SKIP_TRANSFER_ENGINE=1
+#      skips it, except under CI=true)
 #   4. loom model-checking of the fork's concurrent refcount/release paths (cfg(loom))
 #   5. the sweep results loaded in polars and pandas (Python venv, installed idempotently)
 #   6. every notebook in notebooks/ executed headless on quick inputs (same venv)
@@ -48,6 +52,24 @@ step "unit, property and integration tests (real-store tests included)"
 export MOONAGENT_SKIP_LOG="$PWD/target/skipped.txt"
 mkdir -p target && : > "$MOONAGENT_SKIP_LOG"
 cargo test --workspace --quiet
+
+if [[ ${MOONAGENT_SKIP_TRANSFER_ENGINE:-0} == 1 && ${CI:-} != true ]]; then
+  step "Transfer Engine KV path: skipped (MOONAGENT_SKIP_TRANSFER_ENGINE=1)"
+  echo "SKIPPED scripts/test.sh: Transfer Engine KV path (MOONAGENT_SKIP_TRANSFER_ENGINE=1)" >> "$MOONAGENT_SKIP_LOG"
+else
+  step "Transfer Engine KV path: scripts/transfer_engine.sh build, then feature transfer-engine's clippy and tests"
+  bash scripts/transfer_engine.sh build > target/transfer_engine.env
+  (
+    set -a; . target/transfer_engine.env; set +a
+    cargo clippy -p moonagent-validation --features transfer-engine --all-targets --quiet -- -D warnings
+    # The engine logs INFO lines through glog on stderr before any InitGoogleLogging (so
+    # GLOG_minloglevel does not reach them): drop those, keep its warnings and errors.
+    # pipefail (above) keeps cargo's exit status. "Local segment descriptor not found" at each
+    # engine's start (before its buffer is registered) is expected.
+    cargo test -p moonagent-validation --features transfer-engine --quiet --test transfer_engine \
+      2>&1 | grep -v '^I[0-9]\{8\} '
+  )
+fi
 
 step "pinned fingerprints derived independently (python3 hashlib)"
 python3 scripts/check_fingerprints.py

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use moonagent_core::serve::Mode;
+use moonagent_core::serve::{Flow, Mode};
 use moonagent_core::store::{Recorded, Store};
 use moonagent_models::{HardwareProfile, ModelSpec};
 use moonagent_sim::des::SimConfig;
 use moonagent_sim::progress;
-use moonagent_validation::backend::{Executor, RunOptions};
+use moonagent_validation::backend::{Executor, KvPath, RunOptions};
 use moonagent_validation::compute::CpuCompute;
 use moonagent_validation::exec::ComputeExecutor;
 use moonagent_validation::measure::{mem_store, read_inputs, run_trace, write_run, MeasureError};
@@ -67,6 +67,29 @@ enum StoreKind {
     Mooncake,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum KvPathArg {
+    /// Loopback TCP, like every other transfer.
+    Tcp,
+    /// Mooncake's Transfer Engine between the workers (needs a build with
+    /// `--features transfer-engine`; `scripts/transfer_engine.sh build`).
+    TransferEngine,
+}
+
+impl KvPathArg {
+    fn path(self) -> Result<KvPath> {
+        match self {
+            KvPathArg::Tcp => Ok(KvPath::Tcp),
+            KvPathArg::TransferEngine if cfg!(feature = "transfer-engine") => {
+                Ok(KvPath::TransferEngine)
+            }
+            KvPathArg::TransferEngine => bail!(
+                "--kv-path transfer-engine: this moonagent was built without the `transfer-engine` feature; build it with `export $(bash scripts/transfer_engine.sh build) && cargo build --release --features transfer-engine` and run it with that LD_LIBRARY_PATH"
+            ),
+        }
+    }
+}
+
 /// The trace of a run: a file, or the generated validation workload.
 #[derive(Args, Debug)]
 struct WorkloadArgs {
@@ -113,6 +136,10 @@ struct RunArgs {
     /// Replay arrivals this many times faster than the trace's times.
     #[arg(long, default_value_t = 1.0)]
     speedup: f64,
+    /// The link of prefill-to-decode KV handoffs (disaggregated modes); every other
+    /// transfer goes over loopback TCP.
+    #[arg(long, value_enum, default_value = "tcp")]
+    kv_path: KvPathArg,
     /// Output folder.
     #[arg(long, default_value = "validate-run")]
     out: PathBuf,
@@ -262,20 +289,16 @@ fn run_cmd(a: RunArgs) -> Result<()> {
     if a.speedup.is_nan() || a.speedup <= 0.0 {
         bail!("--speedup: expected > 0, got {}", a.speedup);
     }
+    let opts = RunOptions {
+        kv_path: a.kv_path.path()?,
+        ..RunOptions::default()
+    };
     let (trace, bs) = a.workload.load()?;
     let exec = executor(&cfg, 0)?;
     let pb = progress::spinner("validate run", "", true);
     pb.set_message(format!("{} requests, {}", trace.len(), cfg.mode.name()));
     let r = match a.store {
-        StoreKind::Mem => run_trace(
-            &cfg,
-            &trace,
-            bs,
-            mem_store(&cfg)?,
-            exec,
-            a.speedup,
-            RunOptions::default(),
-        ),
+        StoreKind::Mem => run_trace(&cfg, &trace, bs, mem_store(&cfg)?, exec, a.speedup, opts),
         StoreKind::Mooncake => run_trace(
             &cfg,
             &trace,
@@ -283,7 +306,7 @@ fn run_cmd(a: RunArgs) -> Result<()> {
             mooncake_store("run")?,
             exec,
             a.speedup,
-            RunOptions::default(),
+            opts,
         ),
     };
     pb.finish_and_clear();
@@ -305,6 +328,18 @@ fn run_cmd(a: RunArgs) -> Result<()> {
         s.actions,
         if s.same_decisions { "yes" } else { "NO" }
     );
+    for k in &s.kv_links {
+        println!(
+            "KV {} over {}: {} transfers, {} bytes; median {} bytes in {:.3} ms, {:.3} GB/s",
+            if k.flow == Flow::KvGet { "get" } else { "put" },
+            k.path.name(),
+            k.transfers,
+            k.bytes,
+            k.bytes_p50,
+            k.ns_p50 as f64 / 1e6,
+            k.gb_s_p50
+        );
+    }
     eprintln!("wrote {}", a.out.display());
     Ok(())
 }

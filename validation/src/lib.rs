@@ -8,6 +8,9 @@
 //! [`compute`] is the other seam: the [`compute::Compute`] trait (encode, prefill, decode,
 //! KV-page copy over a model spec) and its CPU implementation, [`compute::CpuCompute`],
 //! which runs a scaled spec's real operator sequence with bf16 KV pages in a host arena.
+//!
+//! [`te`] is Mooncake's Transfer Engine between workers (the `transfer-engine` feature):
+//! the backend's prefill-to-decode KV handoff can take it instead of loopback TCP.
 
 pub mod backend;
 pub mod compare;
@@ -17,3 +20,4 @@ pub mod measure;
 pub mod mooncake;
 pub mod profile;
 pub mod study;
+pub mod te;

@@ -20,7 +20,7 @@ use moonagent_sim::des::{SimConfig, SimError, Summary};
 use moonagent_traces::schema::Request;
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{self, BackendError, Executor, Measured, RunOptions};
+use crate::backend::{self, BackendError, Executor, KvLinkStats, Measured, RunOptions};
 
 /// Why a measured run could not be set up, run or written.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +78,9 @@ pub struct RunSummary {
     pub actions: u64,
     /// The input log replayed through a fresh engine gave the same action log.
     pub same_decisions: bool,
+    /// KV transfer times measured on each link (`backend::kv_link_stats`).
+    #[serde(default)]
+    pub kv_links: Vec<KvLinkStats>,
 }
 
 /// A fresh engine for `cfg` over `trace` on `store`, with real payloads.
@@ -142,6 +145,7 @@ pub fn run_trace<S: Store>(
         engine_s: m.engine_ns as f64 / 1e9,
         actions: m.actions.len() as u64,
         same_decisions: same.is_none(),
+        kv_links: backend::kv_link_stats(&m.timed),
     };
     Ok((m, summary))
 }

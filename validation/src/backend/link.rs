@@ -28,6 +28,23 @@ pub enum LinkError {
         #[source]
         source: std::io::Error,
     },
+    /// The Transfer Engine path failed (setup or a transfer).
+    #[error(transparent)]
+    TransferEngine(#[from] crate::te::TeError),
+    /// Bytes that landed at the receiver differ from what was sent.
+    #[error("KV handoff {from}->{to}, transfer {seq}: {bytes} bytes landed but byte {at} differs from what was sent")]
+    Corrupt {
+        /// Sender.
+        from: u32,
+        /// Receiver.
+        to: u32,
+        /// The sender's transfer number.
+        seq: u64,
+        /// Bytes of the chunk.
+        bytes: usize,
+        /// First differing byte.
+        at: usize,
+    },
 }
 
 fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> LinkError {

@@ -5,7 +5,8 @@
 //! [`Action`] for real and reports its completion at the wall-clock time it happened; it
 //! decides nothing. Every worker (GPU instance) is a thread that runs its compute steps
 //! through an [`Executor`]; every worker's NIC is a thread that moves real bytes over
-//! loopback TCP ([`link`]); the router's fingerprinting is a thread that hashes real
+//! loopback TCP ([`link`]), except that the prefill-to-decode KV handoff can take
+//! Mooncake's Transfer Engine instead ([`RunOptions::kv_path`], [`crate::te`]); the router's fingerprinting is a thread that hashes real
 //! pixel bytes. The main thread owns the engine: it feeds arrivals at their trace times
 //! and completions as they come back, logs every input and action, and never blocks on
 //! bytes.
@@ -38,7 +39,12 @@ use moonagent_core::serve::{
 use moonagent_core::store::Store;
 use serde::{Deserialize, Serialize};
 
+use crate::te::{self, TeCluster, TeNic};
 use link::{LinkError, Nic, Sink};
+
+/// Bytes of one Transfer Engine slot: a larger KV handoff moves in slot-sized writes, one
+/// after another.
+pub const TE_SLOT_BYTES: usize = 8 << 20;
 
 /// One compute step of a worker, as the engine asked for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,18 +130,52 @@ pub enum BackendError {
     Thread(String),
 }
 
+/// The link a transfer took.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum KvPath {
+    /// The NIC's loopback TCP connection to the sink ([`link`]): every transfer but a
+    /// KV handoff over the Transfer Engine.
+    #[default]
+    Tcp,
+    /// Mooncake's Transfer Engine, worker to worker ([`crate::te`]; the
+    /// `transfer-engine` feature): prefill-to-decode KV handoffs only.
+    TransferEngine,
+}
+
+impl KvPath {
+    /// The name the CLI and the run summary use (`tcp`, `transfer_engine`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            KvPath::Tcp => "tcp",
+            KvPath::TransferEngine => "transfer_engine",
+        }
+    }
+}
+
 /// How a run is paced and guarded.
 #[derive(Debug, Clone, Copy)]
 pub struct RunOptions {
     /// Stop with [`BackendError::Stalled`] when work is in flight and nothing completes
     /// for this long.
     pub stall_timeout: Duration,
+    /// The link of prefill-to-decode KV handoffs (`Action::Transfer` of `Flow::KvPut` to
+    /// a worker); every other transfer goes over TCP.
+    pub kv_path: KvPath,
+    /// After each Transfer Engine handoff, compare the bytes that landed at the receiver
+    /// with what was sent (outside the measured time); a difference stops the run with
+    /// [`LinkError::Corrupt`].
+    pub verify_kv: bool,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
         Self {
             stall_timeout: Duration::from_secs(60),
+            kv_path: KvPath::Tcp,
+            verify_kv: false,
         }
     }
 }
@@ -164,6 +204,9 @@ pub enum Work {
         flow: Flow,
         /// Bytes.
         bytes: u64,
+        /// The link it took (absent in files written before there was a choice: TCP).
+        #[serde(default)]
+        path: KvPath,
     },
     /// A fingerprint over processed pixels.
     Fingerprint {
@@ -221,6 +264,64 @@ impl EncoderOutputs for Outputs {
 struct NicJob {
     xfers: Vec<(Flow, u64)>,
     done: Option<Done>,
+    /// A KV handoff to this worker: over the Transfer Engine when the NIC has one.
+    handoff: Option<WorkerId>,
+}
+
+/// The KV times of one link and flow over a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KvLinkStats {
+    /// The link.
+    pub path: KvPath,
+    /// The flow (`kv_put`: handoffs and prefix blocks to the store; `kv_get`: loads).
+    pub flow: Flow,
+    /// Transfers with bytes.
+    pub transfers: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Median bytes per transfer.
+    pub bytes_p50: u64,
+    /// Median measured time per transfer, ns.
+    pub ns_p50: u64,
+    /// Median of each transfer's bytes / time, GB/s (1e9 bytes per second).
+    pub gb_s_p50: f64,
+}
+
+/// The KV transfers of `timed` (flows `KvPut`, `KvGet`, with bytes) grouped by link and
+/// flow, in `(path, flow)` order: what the simulator's link model is calibrated from.
+pub fn kv_link_stats(timed: &[Timed]) -> Vec<KvLinkStats> {
+    let mut groups: std::collections::BTreeMap<(KvPath, Flow), Vec<(u64, u64)>> =
+        std::collections::BTreeMap::new();
+    for t in timed {
+        if let Work::Transfer { flow, bytes, path } = t.what {
+            if bytes > 0 && matches!(flow, Flow::KvPut | Flow::KvGet) {
+                groups
+                    .entry((path, flow))
+                    .or_default()
+                    .push((bytes, t.measured_ns.max(1)));
+            }
+        }
+    }
+    groups
+        .into_iter()
+        .map(|((path, flow), v)| {
+            let mut bytes: Vec<u64> = v.iter().map(|x| x.0).collect();
+            let mut ns: Vec<u64> = v.iter().map(|x| x.1).collect();
+            let mut rate: Vec<f64> = v.iter().map(|&(b, t)| b as f64 / t as f64).collect();
+            bytes.sort_unstable();
+            ns.sort_unstable();
+            rate.sort_by(f64::total_cmp);
+            KvLinkStats {
+                path,
+                flow,
+                transfers: v.len() as u64,
+                bytes: bytes.iter().sum(),
+                bytes_p50: bytes[bytes.len() / 2],
+                ns_p50: ns[ns.len() / 2],
+                gb_s_p50: rate[rate.len() / 2],
+            }
+        })
+        .collect()
 }
 
 /// Run `engine` over `trace` in wall time: request `i` arrives `arrivals[i]` ns after the
@@ -235,6 +336,20 @@ pub fn run<S: Store, R: RequestView>(
     let start = Instant::now();
     let (tx, rx) = mpsc::channel::<Event>();
     let sink = Sink::start(workers).map_err(|source| BackendError::Link { worker: 0, source })?;
+    // The Transfer Engine's NICs, one per worker, when handoffs take it. The cluster (its
+    // engines and buffers) lives until every NIC thread has exited (each NIC holds it).
+    let mut te_nics: Vec<Option<TeNic>> = match opts.kv_path {
+        KvPath::Tcp => (0..workers).map(|_| None).collect(),
+        KvPath::TransferEngine => TeCluster::start(workers, TE_SLOT_BYTES)
+            .map_err(|e| BackendError::Link {
+                worker: 0,
+                source: e.into(),
+            })?
+            .take_nics()
+            .into_iter()
+            .map(Some)
+            .collect(),
+    };
 
     let mut compute: Vec<Sender<Step>> = Vec::with_capacity(workers);
     let mut nics: Vec<Sender<NicJob>> = Vec::with_capacity(workers);
@@ -251,8 +366,10 @@ pub fn run<S: Store, R: RequestView>(
             .map_err(|source| BackendError::Link { worker: w, source })?;
         let (ntx, nrx) = mpsc::channel::<NicJob>();
         let events = tx.clone();
+        let te_nic = te_nics.get_mut(w as usize).and_then(Option::take);
+        let verify = opts.verify_kv;
         handles.push(spawn(format!("nic-{w}"), move || {
-            nic_thread(w, nic, nrx, events, start)
+            nic_thread(w, nic, te_nic, verify, nrx, events, start)
         })?);
         nics.push(ntx);
     }
@@ -453,16 +570,17 @@ fn dispatch(
         }
         Action::Transfer {
             from,
+            to,
             flow,
             bytes,
             done,
-            ..
         } => {
             to_nic(
                 *from,
                 NicJob {
                     xfers: vec![(*flow, *bytes)],
                     done: *done,
+                    handoff: to.filter(|_| *flow == Flow::KvPut),
                 },
             )?;
             usize::from(done.is_some())
@@ -477,6 +595,7 @@ fn dispatch(
                 NicJob {
                     xfers: vec![(Flow::KvPut, *bytes_each); *count as usize],
                     done: None,
+                    handoff: None,
                 },
             )?;
             0
@@ -496,6 +615,7 @@ fn dispatch(
                 NicJob {
                     xfers,
                     done: Some(Done::Loaded(*job)),
+                    handoff: None,
                 },
             )?;
             1
@@ -550,23 +670,45 @@ fn compute_thread(
 fn nic_thread(
     w: WorkerId,
     mut nic: Nic,
+    mut te_nic: Option<TeNic>,
+    verify: bool,
     jobs: Receiver<NicJob>,
     events: Sender<Event>,
     start: Instant,
 ) {
+    if let Some(t) = te_nic.as_mut() {
+        te::fill_pattern(t.outbox(), w as usize);
+    }
+    let mut seq = 0u64;
     for job in jobs {
         let n = job.xfers.len();
         for (k, (flow, bytes)) in job.xfers.into_iter().enumerate() {
-            let t0 = Instant::now();
-            if let Err(source) = nic.send(bytes) {
-                let _ = events.send(Event::Failed(BackendError::Link { worker: w, source }));
-                return;
-            }
+            let over_te = te_nic.as_mut().zip(job.handoff);
+            let path = if over_te.is_some() {
+                KvPath::TransferEngine
+            } else {
+                KvPath::Tcp
+            };
+            let r = match over_te {
+                Some((t, to)) => te_handoff(t, w, to, bytes, &mut seq, verify),
+                None => {
+                    let t0 = Instant::now();
+                    nic.send(bytes)
+                        .map(|()| (t0, t0.elapsed().as_nanos() as u64))
+                }
+            };
+            let (t0, measured_ns) = match r {
+                Ok(x) => x,
+                Err(source) => {
+                    let _ = events.send(Event::Failed(BackendError::Link { worker: w, source }));
+                    return;
+                }
+            };
             let timed = Timed {
                 worker: w,
-                what: Work::Transfer { flow, bytes },
+                what: Work::Transfer { flow, bytes, path },
                 start_ns: t0.duration_since(start).as_nanos() as u64,
-                measured_ns: t0.elapsed().as_nanos() as u64,
+                measured_ns,
             };
             // The job's completion rides on its last transfer.
             let done = if k + 1 == n { job.done } else { None };
@@ -581,6 +723,7 @@ fn nic_thread(
                     what: Work::Transfer {
                         flow: Flow::Get,
                         bytes: 0,
+                        path: KvPath::Tcp,
                     },
                     start_ns: start.elapsed().as_nanos() as u64,
                     measured_ns: 0,
@@ -591,6 +734,44 @@ fn nic_thread(
             }
         }
     }
+}
+
+/// Move a `bytes` KV handoff from `w` to `to` over the Transfer Engine, in slot-sized
+/// writes, each stamped with its own transfer number. Returns when it started and the
+/// time the writes took (stamping and verification excluded).
+fn te_handoff(
+    t: &mut TeNic,
+    w: WorkerId,
+    to: WorkerId,
+    bytes: u64,
+    seq: &mut u64,
+    verify: bool,
+) -> Result<(Instant, u64), LinkError> {
+    let slot = t.slot_bytes() as u64;
+    let t_start = Instant::now();
+    let mut ns = 0u64;
+    let mut left = bytes;
+    while left > 0 {
+        let len = left.min(slot) as usize;
+        *seq += 1;
+        te::stamp(&mut t.outbox()[..len], *seq);
+        let t0 = Instant::now();
+        t.write(to as usize, 0, len)?;
+        ns += t0.elapsed().as_nanos() as u64;
+        if verify {
+            if let Some(at) = t.first_difference(to as usize, 0, len)? {
+                return Err(LinkError::Corrupt {
+                    from: w,
+                    to,
+                    seq: *seq,
+                    bytes: len,
+                    at,
+                });
+            }
+        }
+        left -= len as u64;
+    }
+    Ok((t_start, ns))
 }
 
 fn router_thread(

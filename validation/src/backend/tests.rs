@@ -116,6 +116,7 @@ fn a_hanging_worker_is_reported_as_a_stall_within_the_timeout() {
     let t = Instant::now();
     let opts = RunOptions {
         stall_timeout: Duration::from_millis(300),
+        ..RunOptions::default()
     };
     let err = run(&mut e, &arrivals, Arc::new(exec), opts).unwrap_err();
     assert!(matches!(err, BackendError::Stalled { .. }), "{err}");
