@@ -20,7 +20,7 @@ use moonagent_core::serve::Mode;
 use moonagent_core::store::Recorded;
 use moonagent_models::{HardwareProfile, ModelSpec};
 use moonagent_sim::des::SimConfig;
-use moonagent_validation::backend::{Executor, RunOptions};
+use moonagent_validation::backend::{Executor, KvPath, RunOptions};
 use moonagent_validation::compare::compare;
 use moonagent_validation::compute::CpuCompute;
 use moonagent_validation::exec::ComputeExecutor;
@@ -106,6 +106,23 @@ fn a_measured_run_replays_to_its_decisions_and_the_fitted_simulator_predicts_it_
         s.wall_s, s.engine_s, s.actions
     );
     assert!(m.done.iter().all(|&d| d), "not every request finished");
+    // KV times per link: the NIC's loads, and the store client's puts of prefix blocks
+    // (the real store's bridge when one is up).
+    for k in &s.kv_links {
+        println!(
+            "KV {:?} over {}: {} transfers, {:.3} GB/s median",
+            k.flow,
+            k.path.name(),
+            k.transfers,
+            k.gb_s_p50
+        );
+    }
+    let store_puts = s.kv_links.iter().find(|k| k.path == KvPath::Store);
+    assert!(
+        store_puts.is_some_and(|k| k.transfers > 0 && k.bytes > 0),
+        "no prefix-KV put timed on the store's client: {:?}",
+        s.kv_links
+    );
 
     // Same decisions, checked here too: a fresh engine fed the input log.
     let mut fresh = engine(&cfg, &trace, bs, mem_store(&cfg).unwrap()).unwrap();

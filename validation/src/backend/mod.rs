@@ -143,6 +143,11 @@ pub enum KvPath {
     /// Mooncake's Transfer Engine, worker to worker ([`crate::te`]; the
     /// `transfer-engine` feature): prefill-to-decode KV handoffs only.
     TransferEngine,
+    /// The store's own client: the engine's puts of prefix KV blocks as real bytes (the
+    /// Mooncake bridge with `--store mooncake`, `MemStore`'s copy otherwise), timed on the
+    /// engine's thread by [`crate::measure::TimedStore`]. Never a handoff link (as
+    /// [`RunOptions::kv_path`] it means `Tcp`).
+    Store,
 }
 
 impl KvPath {
@@ -151,6 +156,7 @@ impl KvPath {
         match self {
             KvPath::Tcp => "tcp",
             KvPath::TransferEngine => "transfer_engine",
+            KvPath::Store => "store",
         }
     }
 }
@@ -339,7 +345,7 @@ pub fn run<S: Store, R: RequestView>(
     // The Transfer Engine's NICs, one per worker, when handoffs take it. The cluster (its
     // engines and buffers) lives until every NIC thread has exited (each NIC holds it).
     let mut te_nics: Vec<Option<TeNic>> = match opts.kv_path {
-        KvPath::Tcp => (0..workers).map(|_| None).collect(),
+        KvPath::Tcp | KvPath::Store => (0..workers).map(|_| None).collect(),
         KvPath::TransferEngine => TeCluster::start(workers, TE_SLOT_BYTES)
             .map_err(|e| BackendError::Link {
                 worker: 0,
