@@ -113,9 +113,9 @@ fn bad_requests_are_typed_errors() {
 struct Spin;
 
 impl Executor for Spin {
-    fn run(&self, _w: WorkerId, step: &Step) -> Result<(), ExecError> {
+    fn run(&self, _w: WorkerId, step: &Step) -> Result<Vec<Vec<u8>>, ExecError> {
         let us = match step {
-            Step::Encode(t) => 20 + t.len() as u64,
+            Step::Encode { tokens, .. } => 20 + tokens.len() as u64,
             Step::Prefill(c) => 20 + c.len() as u64,
             Step::Decode { batch, .. } => 20 + u64::from(*batch),
         };
@@ -123,7 +123,7 @@ impl Executor for Spin {
         while t.elapsed() < Duration::from_micros(us) {
             std::hint::spin_loop();
         }
-        Ok(())
+        Ok(Vec::new())
     }
     fn fingerprint(&self, _bytes: u64) -> Result<(), ExecError> {
         Ok(())
