@@ -35,7 +35,7 @@ ORDER=(store policies mm_cache fingerprint fork traces)
 # keeps a mutant to seconds instead of the whole suite; MUTANTS_ALL_TESTS=1 runs every test
 # of the package instead (slower; a mutant caught only elsewhere then counts as caught).
 declare -A TESTS=(
-  [store]="--lib --test store_model --test store_victim_recheck --test store_key --test store_mooncake_experiments"
+  [store]="--lib --test store_model --test store_victim_recheck --test store_key --test store_mooncake_experiments --test store_trait_defaults --test store_victim_index"
   [policies]="--lib --test policy_victim_order --test policy_properties --test policy_belady_bound --test store_victim_recheck"
   [mm_cache]="--lib --test mm_cache_lookup --test mm_cache_plan --test mm_cache_faults --test mm_cache_auth"
   [fingerprint]="--lib --test fingerprint"
