@@ -3,7 +3,8 @@
 //! result per item, in order, equal to the single call's; names and configs are what the
 //! reports and configs spell. Written for survivors of `scripts/mutants.sh run store`
 //! (issue 14): with these gone, `batch_*` returning `vec![]`, `DataType::name` returning
-//! another string and `ReplicateConfig::of` ignoring its type all passed.
+//! another string, `ReplicateConfig::of` ignoring its type and `Payload::is_empty` answering
+//! a constant all passed.
 
 use moonagent_core::store::{
     DataType, MemStore, MemStoreConfig, Payload, ReplicateConfig, Store, StoreError,
@@ -45,6 +46,14 @@ fn batch_calls_answer_each_item_in_order_like_the_single_calls() {
 }
 
 #[test]
+fn a_payload_is_empty_exactly_when_it_has_no_bytes() {
+    assert!(Payload::Bytes(Vec::new()).is_empty());
+    assert!(Payload::SizeOnly(0).is_empty());
+    assert!(!Payload::Bytes(vec![0]).is_empty());
+    assert!(!Payload::SizeOnly(1).is_empty());
+}
+
+#[test]
 fn data_types_are_named_as_configs_spell_them_and_configs_carry_their_type() {
     let names: Vec<&str> = DataType::ALL.iter().map(|t| t.name()).collect();
     assert_eq!(names, ["general", "kv_cache", "encoder_output"]);
@@ -57,4 +66,34 @@ fn data_types_are_named_as_configs_spell_them_and_configs_carry_their_type() {
             serde_json::Value::String(t.name().into())
         );
     }
+}
+
+#[test]
+fn a_colon_is_no_digit_in_compact_keys() {
+    use moonagent_core::store::StoreKey;
+    // ':' is the byte after '9': an off-by-one in the digit tables would read it as 10.
+    assert!(matches!(StoreKey::parse("kv:1:"), StoreKey::Other(_)));
+    assert!(matches!(StoreKey::parse("kv::"), StoreKey::Other(_)));
+    let hex = format!("mc:mmblob:{}:", "a".repeat(63));
+    assert!(matches!(StoreKey::parse(&hex), StoreKey::Other(_)));
+    assert_eq!(StoreKey::parse("kv:1:").to_string(), "kv:1:");
+}
+
+#[test]
+fn store_configs_are_validated_field_by_field() {
+    let ok = MemStoreConfig::with_capacity(1 << 20);
+    assert!(ok.validate().is_ok());
+    let zero = MemStoreConfig {
+        capacity_bytes: 0,
+        ..ok.clone()
+    };
+    assert!(zero.validate().is_err());
+    for hw in [0.0, -0.5, 1.5, f64::NAN] {
+        let bad = MemStoreConfig {
+            high_watermark: hw,
+            ..ok.clone()
+        };
+        assert!(bad.validate().is_err(), "high_watermark {hw} accepted");
+    }
+    assert!(MemStore::<String>::new(zero).is_err());
 }
