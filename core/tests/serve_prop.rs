@@ -3,7 +3,8 @@
 //! every request finishes exactly once; no work starts before its inputs exist; KV block
 //! refcounts balance (free + used = capacity at every step, nothing held at the end);
 //! every store object a request reads was committed before; the input log replays to
-//! the same action log.
+//! the same action log; decode page tables (`kv_tables`) name the priced batch and
+//! change no decision (E15).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,7 +52,19 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
-fn run(c: &Case) -> Result<(Counters, u64), TestCaseError> {
+/// The action without the page tables `kv_tables` adds (the decisions alone).
+fn decisions(a: &Action) -> Action {
+    let mut a = a.clone();
+    if let Action::Decode { seqs, copies, .. } = &mut a {
+        seqs.clear();
+        copies.clear();
+    }
+    a
+}
+
+/// Run `c` with or without decode page tables; returns the counters, the reads and the
+/// action log.
+fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCaseError> {
     let tr = toy_trace(c.seed, c.requests, 16);
     let payloads = if c.bytes {
         Payloads::Bytes
@@ -64,8 +77,12 @@ fn run(c: &Case) -> Result<(Counters, u64), TestCaseError> {
         decodes: c.workers.2,
         colocated: c.workers.0,
         kv_pages: c.pages,
+        kv_tables,
         ..toy_config(c.mode, payloads)
     };
+    let block = u64::from(cfg.kv_block_tokens);
+    // E15: per decode worker, the sequences of its last iteration.
+    let mut last_seqs: BTreeMap<u32, BTreeSet<(u32, u64)>> = BTreeMap::new();
     let store = Recorded::new(
         MemStore::<String>::new(MemStoreConfig::with_capacity(c.store_kb << 10)).unwrap(),
     );
@@ -97,35 +114,74 @@ fn run(c: &Case) -> Result<(Counters, u64), TestCaseError> {
                 _ => Ok(()),
             },
             Seen::Input(..) => Ok(()),
-            Seen::Action(_, a) => match a {
-                // One batch at a time per worker.
-                Action::Encode { worker, .. }
-                | Action::Prefill { worker, .. }
-                | Action::Decode { worker, .. } => check(busy.insert(*worker), &|| {
-                    format!("worker {worker} started twice")
-                }),
-                Action::Transfer {
-                    done: Some(Done::Stored(job, _)),
+            Seen::Action(_, a) => {
+                // E15: the page tables name exactly the batch the iteration prices; each
+                // covers its context; a sequence named admitted is new to the batch.
+                if let Action::Decode {
+                    worker,
+                    batch,
+                    ctx_sum,
+                    seqs,
                     ..
-                } => {
-                    *stored_pending.entry(*job).or_insert(0) += 1;
-                    Ok(())
+                } = a
+                {
+                    if kv_tables {
+                        check(seqs.len() == *batch as usize, &|| {
+                            format!("{} tables for a batch of {batch}", seqs.len())
+                        })?;
+                        let sum: u64 = seqs.iter().map(|s| s.len).sum();
+                        check(sum == *ctx_sum, &|| {
+                            format!("tables hold {sum}, priced {ctx_sum}")
+                        })?;
+                        let before = last_seqs.remove(worker).unwrap_or_default();
+                        for s in seqs {
+                            check(s.pages.len() as u64 * block >= s.len, &|| {
+                                format!(
+                                    "job {}: {} pages for {} tokens",
+                                    s.job,
+                                    s.pages.len(),
+                                    s.len
+                                )
+                            })?;
+                            check(!(s.admitted && before.contains(&s.seq)), &|| {
+                                format!("job {} admitted twice", s.job)
+                            })?;
+                        }
+                        last_seqs.insert(*worker, seqs.iter().map(|s| s.seq).collect());
+                    } else {
+                        check(seqs.is_empty(), &|| "page tables without kv_tables".into())?;
+                    }
                 }
-                // The KV goes to decode only after the job's prefill loaded its inputs.
-                Action::Transfer {
-                    done: Some(Done::KvArrived(job)),
-                    ..
-                } => check(loaded.contains(job), &|| {
-                    format!("KV of job {job} moved before its load")
-                }),
-                // Every embedding of the job reached the store first.
-                Action::Load { job, .. } => {
-                    check(stored_pending.get(job).copied().unwrap_or(0) == 0, &|| {
-                        format!("job {job} loaded before its embeddings were stored")
-                    })
+                match a {
+                    // One batch at a time per worker.
+                    Action::Encode { worker, .. }
+                    | Action::Prefill { worker, .. }
+                    | Action::Decode { worker, .. } => check(busy.insert(*worker), &|| {
+                        format!("worker {worker} started twice")
+                    }),
+                    Action::Transfer {
+                        done: Some(Done::Stored(job, _)),
+                        ..
+                    } => {
+                        *stored_pending.entry(*job).or_insert(0) += 1;
+                        Ok(())
+                    }
+                    // The KV goes to decode only after the job's prefill loaded its inputs.
+                    Action::Transfer {
+                        done: Some(Done::KvArrived(job)),
+                        ..
+                    } => check(loaded.contains(job), &|| {
+                        format!("KV of job {job} moved before its load")
+                    }),
+                    // Every embedding of the job reached the store first.
+                    Action::Load { job, .. } => {
+                        check(stored_pending.get(job).copied().unwrap_or(0) == 0, &|| {
+                            format!("job {job} loaded before its embeddings were stored")
+                        })
+                    }
+                    _ => Ok(()),
                 }
-                _ => Ok(()),
-            },
+            }
             Seen::After(e) => {
                 // E3: pages are conserved at every step.
                 for (p, cap) in e.pool_stats().iter().zip(&capacity) {
@@ -214,14 +270,32 @@ fn run(c: &Case) -> Result<(Counters, u64), TestCaseError> {
             .all(|m| m.readers == 0),
         "an object is still held as being read after the run"
     );
-    Ok((*e.counters(), reads))
+    Ok((
+        *e.counters(),
+        reads,
+        log.actions.into_iter().map(|(_, a)| a).collect(),
+    ))
+}
+
+/// E15: page tables change no decision: the same case with and without them gives the
+/// same actions, once the tables are left out.
+fn same_decisions_with_tables(c: &Case) -> Result<(), TestCaseError> {
+    let (_, _, with) = run(c, true)?;
+    let (_, _, without) = run(c, false)?;
+    let with: Vec<Action> = with.iter().map(decisions).collect();
+    prop_assert_eq!(with, without);
+    Ok(())
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
     #[test]
     fn engine_serves_every_request_once_causally_with_balanced_pages(c in case()) {
-        run(&c)?;
+        if c.bytes {
+            same_decisions_with_tables(&c)?;
+        } else {
+            run(&c, false)?;
+        }
     }
 }
 
@@ -237,8 +311,27 @@ fn forks_run_and_reads_are_of_committed_objects() {
         store_kb: 64,
         bytes: true,
     };
-    let (n, reads) = run(&c).unwrap();
+    let (n, reads, actions) = run(&c, true).unwrap();
     assert!(n.forks > 0, "{n:?}");
+    // The tables saw forks: some iteration names fork tail copies, and some sequence
+    // shares pages with another (the same page id in two tables of one iteration).
+    let mut copies = 0;
+    let mut shared = false;
+    for a in &actions {
+        if let Action::Decode {
+            seqs, copies: c, ..
+        } = a
+        {
+            copies += c.len();
+            let mut seen = BTreeSet::new();
+            shared |= seqs.iter().flat_map(|s| &s.pages).any(|p| !seen.insert(*p));
+        }
+    }
+    assert!(
+        copies > 0 && shared,
+        "{copies} copies, shared pages: {shared}"
+    );
+    same_decisions_with_tables(&c).unwrap();
     assert!(n.images_hit > 0 && n.kv_hits > 0, "{n:?}");
     assert!(reads > n.images_hit + n.kv_hits, "{reads} reads, {n:?}");
 }

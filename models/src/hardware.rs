@@ -61,6 +61,11 @@ pub struct HardwareProfile {
     pub links: Links,
     /// The host CPU, for work done before the GPU (content fingerprints).
     pub host: Host,
+    /// The workers' compute shares this many host cores (a CPU backend running every
+    /// worker as a thread of one host): concurrent steps share them by processor
+    /// sharing. Absent (the default) when every worker has a device of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_cores: Option<f64>,
 }
 
 /// Fractions of peak that kernels reach; each in (0, 1]. All calibratable.
@@ -326,6 +331,9 @@ impl HardwareProfile {
             "host.fingerprint_bytes_per_s",
             self.host.fingerprint_bytes_per_s,
         )?;
+        if let Some(c) = self.shared_cores {
+            check_positive("shared_cores", c)?;
+        }
         Ok(())
     }
 

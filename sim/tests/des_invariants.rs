@@ -206,3 +206,55 @@ fn bad_config_names_the_field() {
         toml::from_str::<SimConfig>("mode = \"b2\"\nencoderz = 3\n").expect_err("unknown field");
     assert!(toml_err.to_string().contains("encoderz"), "{toml_err}");
 }
+
+/// D9: shared cores are processor sharing. With as many cores as workers no step ever
+/// waits, so every record equals the run on devices of their own (the shared-cores event
+/// path changes nothing by itself); with one core for three workers the same decisions
+/// take longer and every request still finishes. The exact rates are
+/// `des::cluster` unit tests.
+#[test]
+fn shared_cores_are_processor_sharing() {
+    let dir = std::env::temp_dir().join(format!("moonagent-des-cores-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let profile = |cores: Option<f64>| {
+        let mut hw = moonagent_models::HardwareProfile::by_name("h200").unwrap();
+        hw.name = format!("h200-cores-{cores:?}");
+        hw.shared_cores = cores;
+        let p = dir.join(format!("{}.toml", hw.name));
+        std::fs::write(&p, toml::to_string(&hw).unwrap()).unwrap();
+        p.display().to_string()
+    };
+    for (w, rate) in [("w2", 30.0), ("w4", 12.0)] {
+        let (trace, bs) = workload(w, 120, rate);
+        for mode in [Mode::B0, Mode::B3, Mode::Full] {
+            let run = |cores| {
+                let cfg = SimConfig {
+                    mode,
+                    hardware: profile(cores),
+                    ..SimConfig::default()
+                };
+                simulate(&cfg, &trace, bs).expect("simulate")
+            };
+            let (s_own, own) = run(None);
+            let (_, many) = run(Some(64.0));
+            if let Some(i) = (0..own.len()).find(|&i| own[i] != many[i]) {
+                panic!(
+                    "{w} {}: 64 shared cores for few workers changed request {i}:\n{:?}\n{:?}",
+                    mode.name(),
+                    own[i],
+                    many[i]
+                );
+            }
+            assert_eq!(own.len(), many.len());
+            let (s_one, one) = run(Some(1.0));
+            let tag = format!("{w} {}", mode.name());
+            assert_eq!(s_one.completed, s_own.completed, "{tag}");
+            let last = |r: &[RequestRecord]| r.iter().map(|x| x.finish_ns).max().unwrap();
+            assert!(
+                last(&one) > last(&own),
+                "{tag}: one core for every worker is no slower"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

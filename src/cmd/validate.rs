@@ -274,7 +274,7 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
         pb.inc(1);
     })?;
     pb.finish_and_clear();
-    let p = profile::fit(&base, &spec, &samples, &holdout)?;
+    let p = profile::fit(&base, &spec, &samples, &holdout, exec.shared_cores())?;
     let path = study::write_profile(&a.out, &p, &samples, &holdout)?;
     println!("{}", study::profile_markdown(&p));
     eprintln!("wrote {}", path.display());

@@ -86,7 +86,8 @@ pub struct RunSummary {
     pub kv_links: Vec<KvLinkStats>,
 }
 
-/// A fresh engine for `cfg` over `trace` on `store`, with real payloads.
+/// A fresh engine for `cfg` over `trace` on `store`, with real payloads and decode page
+/// tables (`kv_tables`).
 pub fn engine<'a, S: Store>(
     cfg: &SimConfig,
     trace: &'a [Request],
@@ -97,6 +98,7 @@ pub fn engine<'a, S: Store>(
     let (hw, spec, pricing) = models_of(cfg)?;
     let mut ecfg = engine_config(cfg, &pricing.cost, &hw, &spec, block_size)?;
     ecfg.payloads = Payloads::Bytes;
+    ecfg.kv_tables = true;
     Ok(Engine::new(ecfg, store, trace, Some(Box::new(pricing)))?)
 }
 

@@ -323,15 +323,20 @@ pub struct Profile {
     pub prior_errors: Vec<OperatorError>,
 }
 
-/// Fit `base` to `fit_samples` for `spec`, and judge it on `holdout`.
+/// Fit `base` to `fit_samples` for `spec`, and judge it on `holdout`. `shared_cores`
+/// (a measured fact of the host, not fitted: [`crate::backend::Executor::shared_cores`])
+/// goes into the profile, so the simulator time-shares the steps of a CPU backend's
+/// workers as the host does.
 pub fn fit(
     base: &HardwareProfile,
     spec: &ModelSpec,
     fit_samples: &[Sample],
     holdout: &[Sample],
+    shared_cores: Option<f64>,
 ) -> Result<Profile, ProfileError> {
     let report = calibrate(base, spec, 1, fit_samples)?;
     let mut hardware = report.calibration.apply(base);
+    hardware.shared_cores = shared_cores;
     hardware.name = format!("{}-fitted", base.name);
     hardware.description = format!(
         "{} fitted by `moonagent validate profile` on {} samples for {}",

@@ -216,7 +216,7 @@ pub fn run_study(
         exec.as_ref(),
         |_| {},
     )?;
-    let fitted = profile::fit(&hw0, &spec, &samples, &hold)?;
+    let fitted = profile::fit(&hw0, &spec, &samples, &hold, exec.shared_cores())?;
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
     let hw_arg = profile_path.display().to_string();
     let mut capacity = Vec::new();

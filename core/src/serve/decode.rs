@@ -315,6 +315,27 @@ impl DecodeBatch {
         Ok(())
     }
 
+    /// The running sequences in admission order, for the next iteration: `(job, seq,
+    /// context length before the iteration's token, appends)`. O(batch); a real backend's
+    /// view (the simulator never asks).
+    pub fn live(&self) -> Vec<(u32, SeqId, u64, bool)> {
+        let mut v: Vec<(u64, u32, SeqId, u64, bool)> = self
+            .slots
+            .iter()
+            .filter(|s| s.live)
+            .map(|s| {
+                let ctx = if s.appends {
+                    s.synced_ctx + (self.iter - s.synced_iter)
+                } else {
+                    s.synced_ctx
+                };
+                (s.order, s.job, s.seq, ctx, s.appends)
+            })
+            .collect();
+        v.sort_unstable_by_key(|x| x.0);
+        v.into_iter().map(|(_, j, s, c, a)| (j, s, c, a)).collect()
+    }
+
     /// Output tokens of completed iterations not reported yet, per running sequence
     /// (for a run cut off by its horizon).
     pub fn unreported(&self) -> impl Iterator<Item = (u32, u64)> + '_ {

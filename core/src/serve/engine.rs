@@ -14,8 +14,8 @@ use super::kv_prefix::{self, BlockStore, Publish};
 use super::record::{RequestRecord, NONE};
 use super::request::{images_of, Img, RequestView};
 use super::{
-    Action, Done, EncoderOutputs, EngineConfig, Extra, Flow, ImageRef, JobId, Payloads, Pricing,
-    ServeError, WorkerId,
+    Action, DecodeSeqRef, Done, EncoderOutputs, EngineConfig, Extra, Flow, ImageRef, JobId,
+    Payloads, Pricing, ServeError, WorkerId,
 };
 
 type Nanos = u64;
@@ -68,6 +68,11 @@ struct Worker {
     batch: DecodeBatch,
     pool: Option<PoolCore>,
     extra: Vec<Extra>,
+    /// Fork tail copies `(src, dst)` for the next decode iteration (with `kv_tables`).
+    copies: Vec<(u32, u32)>,
+    /// Sequences admitted into fresh pages since the last decode iteration (with
+    /// `kv_tables`).
+    admitted: Vec<SeqId>,
     /// The load signal's parts (maintained under smart scheduling only).
     load: WorkerLoad,
 }
@@ -321,6 +326,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             batch: DecodeBatch::new(cfg.kv_block_tokens),
             pool,
             extra: Vec::new(),
+            copies: Vec::new(),
+            admitted: Vec::new(),
             load: WorkerLoad::default(),
         };
         if cfg.mode.disaggregated() {
@@ -404,6 +411,11 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     /// Top-level requests so far, in arrival order.
     pub fn served(&self) -> &[Served] {
         &self.tops
+    }
+
+    /// The configuration it decides with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
     }
 
     /// Counts of the engine's decisions.
@@ -1040,6 +1052,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         let mut budget = self.cfg.prefill_chunk_tokens;
         let mut chunks = Vec::new();
         let mut shapes = Vec::new();
+        let mut jobs = Vec::new();
         let n = self.workers[w as usize].pre_q.len();
         for k in 0..n {
             if budget == 0 {
@@ -1051,6 +1064,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             let take = left.min(budget);
             budget -= take;
             chunks.push((job, take));
+            jobs.push((job, j.prompt));
             shapes.push((take, j.cached_prefix + j.prefill_done));
             let top = j.top as usize;
             if j.branch.is_none() && self.tops[top].rec.prefill_start_ns == NONE {
@@ -1062,6 +1076,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         self.actions.push(Action::Prefill {
             worker: w,
             chunks: shapes,
+            jobs,
         });
     }
 
@@ -1085,10 +1100,16 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                     let j = &mut self.jobs[job as usize];
                     if j.preempted {
                         // Recompute the lost KV before the sequence decodes again.
-                        wk.extra.push(Extra::Recompute { tokens: ctx as u32 });
+                        wk.extra.push(Extra::Recompute {
+                            tokens: ctx as u32,
+                            job,
+                        });
                         j.preempted = false;
                     }
                     j.seq = Some(seq);
+                    if self.cfg.kv_tables {
+                        wk.admitted.push(seq);
+                    }
                     wk.batch
                         .admit(pool, job, seq, ctx, u64::from(j.decode_left))?;
                 }
@@ -1109,13 +1130,52 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         self.mark_busy(w, now, |p| p.decode_ns(batch, ctx_sum));
         let wk = &mut self.workers[w as usize];
         wk.inflight = Inflight::Decode;
+        let seqs = if self.cfg.kv_tables {
+            Self::seq_refs(wk)?
+        } else {
+            Vec::new()
+        };
         self.actions.push(Action::Decode {
             worker: w,
             batch,
             ctx_sum,
             extra: std::mem::take(&mut wk.extra),
+            seqs,
+            copies: std::mem::take(&mut wk.copies),
         });
         Ok(())
+    }
+
+    /// The batch's sequences with their pages, for the next iteration (`kv_tables`).
+    fn seq_refs(wk: &mut Worker) -> Result<Vec<DecodeSeqRef>, ServeError> {
+        let pool = wk.pool.as_ref().ok_or(ServeError::Config {
+            field: "decode worker",
+            what: "has no KV pool".into(),
+        })?;
+        let admitted = std::mem::take(&mut wk.admitted);
+        let bad = |e| ServeError::Pool("decode pages", e);
+        wk.batch
+            .live()
+            .into_iter()
+            .map(|(job, seq, len, appends)| {
+                let pages = pool.table(seq).map_err(bad)?.to_vec();
+                let bt = u64::from(pool.config().block_size_tokens);
+                let at = (len / bt) as usize;
+                let shared_tail = pages
+                    .get(at)
+                    .and_then(|&p| pool.refcount(p))
+                    .is_some_and(|r| r > 1);
+                Ok(DecodeSeqRef {
+                    job,
+                    seq: (seq.index(), seq.generation()),
+                    pages,
+                    len,
+                    shared_tail,
+                    appends,
+                    admitted: admitted.contains(&seq),
+                })
+            })
+            .collect()
     }
 
     fn step_done(&mut self, now: Nanos, w: WorkerId) -> Result<(), ServeError> {
@@ -1365,9 +1425,14 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         c.fork_state_clones += u64::from(forked.cost.state_clones);
         c.fork_state_bytes += forked.cost.state_bytes;
         c.fork_prefill_tokens_avoided += r.ctx * u64::from(n);
-        self.workers[w as usize].extra.push(Extra::TailCopy {
+        let wk = &mut self.workers[w as usize];
+        wk.extra.push(Extra::TailCopy {
             bytes: forked.cost.tail_copy_bytes,
         });
+        if self.cfg.kv_tables {
+            wk.copies
+                .extend(forked.copies.iter().map(|c| (c.src, c.dst)));
+        }
         for (i, b) in forked.branches.iter().enumerate() {
             let tokens = outs.get(i).copied().unwrap_or(0);
             let job = self.new_job(

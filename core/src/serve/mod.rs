@@ -181,6 +181,10 @@ pub struct EngineConfig {
     pub hidden: u64,
     /// Size-only or real payloads.
     pub payloads: Payloads,
+    /// Name each decode sequence's KV pages in [`Action::Decode`] (`seqs`, `copies`): a
+    /// real backend computes over those very pages. Off in the simulator (it prices
+    /// shapes); the decisions are the same either way.
+    pub kv_tables: bool,
 }
 
 /// A unit of work the driver finished (the engine's second input).
@@ -225,12 +229,42 @@ pub enum Extra {
     Recompute {
         /// Context tokens.
         tokens: u32,
+        /// The job whose sequence it is.
+        job: JobId,
     },
     /// Copy a fork's partial tail pages.
     TailCopy {
         /// Bytes copied.
         bytes: u64,
     },
+}
+
+/// One sequence of a decode iteration, named down to its KV pages (a real backend's view).
+///
+/// The iteration computes the K/V of the sequence's token at position `len` (attending
+/// over `0..=len`); the pool appends it at the end of the iteration, which is when it
+/// allocates the page for it (when `len` starts a page) or copies a tail page another
+/// table still holds (`shared_tail`). So a write at `len` into a page that does not
+/// exist yet or is shared must stay off the pool's pages until the next iteration names
+/// the sequence's pages again, and a sequence that `appends` nothing keeps nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecodeSeqRef {
+    /// The job.
+    pub job: JobId,
+    /// The pool's sequence (index and generation): stable across iterations while it lives.
+    pub seq: (u32, u64),
+    /// Its page table (page ids of the worker's pool).
+    pub pages: Vec<u32>,
+    /// Tokens in its context before this iteration's token.
+    pub len: u64,
+    /// The page holding position `len` exists and another table holds it too.
+    pub shared_tail: bool,
+    /// The iteration's token is appended to the sequence (false: a sequence with nothing
+    /// to decode, in the batch for one iteration).
+    pub appends: bool,
+    /// Admitted into fresh pages by this iteration (from a prefill, or re-admitted after
+    /// preemption, then with an [`Extra::Recompute`]); forked branches are not.
+    pub admitted: bool,
 }
 
 /// What the driver must do (the engine's output).
@@ -260,6 +294,9 @@ pub enum Action {
         worker: WorkerId,
         /// `(new tokens, cached tokens before them)` of each chunk in the batch.
         chunks: Vec<(u32, u32)>,
+        /// The job of each chunk and its prompt's tokens (the chunk with `new + cached ==
+        /// prompt` finishes the job's prefill), in the same order.
+        jobs: Vec<(JobId, u32)>,
     },
     /// Run one decode iteration, then report [`Done::Step`].
     Decode {
@@ -271,6 +308,12 @@ pub enum Action {
         ctx_sum: u64,
         /// Work to do first (recompute of preempted sequences, fork tail copies).
         extra: Vec<Extra>,
+        /// With [`EngineConfig::kv_tables`]: every sequence of the batch with its pages,
+        /// in admission order (otherwise empty).
+        seqs: Vec<DecodeSeqRef>,
+        /// With [`EngineConfig::kv_tables`]: page copies `(src, dst)` to execute first,
+        /// in order (fork tail copies decided since the last iteration).
+        copies: Vec<(u32, u32)>,
     },
     /// Move `bytes` from `from` to `to` (`None`: the store) and report `done`, if any.
     Transfer {

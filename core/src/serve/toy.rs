@@ -264,5 +264,6 @@ pub fn toy_config(mode: super::Mode, payloads: super::Payloads) -> super::Engine
         pixel_bytes_per_token: 12,
         hidden: 4,
         payloads,
+        kv_tables: false,
     }
 }

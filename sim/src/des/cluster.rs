@@ -9,6 +9,8 @@
 //! chunks and decode iterations from the cost model. A preempted decode sequence pays a
 //! recompute prefill of its context on re-admission; a fork's tail copies are priced at
 //! HBM bandwidth; B0 runs one kind of work at a time per GPU (the engine's batching).
+//! With a hardware profile's `shared_cores` (a CPU backend's workers as threads of one
+//! host), the compute steps of all workers share those cores by processor sharing.
 
 use moonagent_core::serve::{Action, Done, Engine, EngineConfig, Extra, Flow, Payloads, Pricing};
 use moonagent_core::store::{MemStore, StoreKey};
@@ -73,6 +75,7 @@ pub fn engine_config(
         pixel_bytes_per_token: spec.pixel_bytes_per_visual_token(),
         hidden: spec.encoder_output_bytes_per_token() / spec.dtype_bytes(),
         payloads: Payloads::SizeOnly,
+        kv_tables: false,
     })
 }
 
@@ -116,6 +119,81 @@ pub fn models_of(cfg: &SimConfig) -> Result<(HardwareProfile, ModelSpec, CostPri
     Ok((hw, spec, CostPricing { cost, link }))
 }
 
+/// Compute steps sharing a host's cores by processor sharing: with `n` steps running on
+/// `cores` cores, each advances at `min(1, cores / n)` of its own speed. The queue holds
+/// one valid step completion at a time, the earliest; completions scheduled before the
+/// rate last changed are stale and skipped.
+#[derive(Debug)]
+struct SharedCores {
+    cores: f64,
+    /// `(worker, work left in ns at full speed)`, in start order.
+    running: Vec<(u32, f64)>,
+    /// When `running` was last advanced.
+    at: Time,
+    /// The completion the queue holds as valid.
+    next: Option<(Time, u32)>,
+}
+
+impl SharedCores {
+    fn new(cores: f64) -> Self {
+        Self {
+            cores,
+            running: Vec::new(),
+            at: 0,
+            next: None,
+        }
+    }
+
+    fn rate(&self) -> f64 {
+        (self.cores / self.running.len().max(1) as f64).min(1.0)
+    }
+
+    fn advance(&mut self, now: Time) {
+        let done = now.saturating_sub(self.at) as f64 * self.rate();
+        for r in &mut self.running {
+            r.1 -= done;
+        }
+        self.at = now;
+    }
+
+    fn start(&mut self, now: Time, worker: u32, ns: u64) {
+        self.advance(now);
+        self.running.push((worker, ns as f64));
+    }
+
+    /// The earliest completion, when it differs from the one the queue holds. Work left is
+    /// as of the last advance (`at`), so times count from there, not from `now`.
+    fn schedule(&mut self) -> Option<(Time, u32)> {
+        let (rate, at) = (self.rate(), self.at);
+        // Ties go to the step that started first, as the queue orders equal times.
+        let next = self
+            .running
+            .iter()
+            .enumerate()
+            .map(|(i, &(w, left))| (at + (left.max(0.0) / rate).ceil() as u64, i, w))
+            .min()
+            .map(|(t, _, w)| (t, w));
+        (next != self.next).then(|| {
+            self.next = next;
+            next
+        })?
+    }
+
+    /// Whether the step completion `(t, worker)` popped from the queue is the valid one
+    /// (then its step leaves the cores).
+    fn finish(&mut self, t: Time, worker: u32) -> bool {
+        if self.next != Some((t, worker)) {
+            return false;
+        }
+        self.advance(t);
+        if let Some(i) = self.running.iter().position(|r| r.0 == worker) {
+            self.running.remove(i);
+        }
+        self.next = None;
+        true
+    }
+}
+
 /// A simulation over one trace under one configuration.
 pub struct Simulation<'a> {
     cfg: SimConfig,
@@ -126,6 +204,7 @@ pub struct Simulation<'a> {
     link: Link,
     q: EventQueue<Done>,
     nic_free: Vec<Time>,
+    cores: Option<SharedCores>,
     encoder_gpu_ns: u64,
     encoder_saved_ns: u64,
     events_by_kind: [u64; 6],
@@ -142,6 +221,7 @@ impl<'a> Simulation<'a> {
         let pricing = Box::new(CostPricing { cost, link });
         let engine = Engine::new(ecfg, store, trace, Some(pricing))?;
         let workers = engine.workers() as usize;
+        let cores = hw.shared_cores.map(SharedCores::new);
         Ok(Self {
             cfg: cfg.clone(),
             trace,
@@ -151,6 +231,7 @@ impl<'a> Simulation<'a> {
             link,
             q: EventQueue::new(),
             nic_free: vec![0; workers],
+            cores,
             encoder_gpu_ns: 0,
             encoder_saved_ns: 0,
             events_by_kind: [0; 6],
@@ -187,6 +268,11 @@ impl<'a> Simulation<'a> {
                 cursor += 1;
                 self.execute(t);
             } else if let Some((t, done)) = self.q.pop() {
+                if let (Some(c), Done::Step(w)) = (self.cores.as_mut(), done) {
+                    if !c.finish(t, w) {
+                        continue;
+                    }
+                }
                 self.events_by_kind[kind(done).1] += 1;
                 self.engine.complete(t, done)?;
                 self.execute(t);
@@ -210,22 +296,23 @@ impl<'a> Simulation<'a> {
                 Action::Encode { worker, tokens, .. } => {
                     let dur = self.cost.encoder_time_ns(&tokens);
                     self.encoder_gpu_ns += dur * u64::from(self.cfg.tp);
-                    self.q.push(now + dur, P_STEP, Done::Step(worker));
+                    self.step(now, worker, dur);
                 }
-                Action::Prefill { worker, chunks } => {
+                Action::Prefill { worker, chunks, .. } => {
                     let dur = self.cost.prefill_batch_time_ns(&chunks);
-                    self.q.push(now + dur, P_STEP, Done::Step(worker));
+                    self.step(now, worker, dur);
                 }
                 Action::Decode {
                     worker,
                     batch,
                     ctx_sum,
                     extra,
+                    ..
                 } => {
                     let mut dur = self.cost.decode_iter_time_ns(batch, ctx_sum);
                     for &x in &extra {
                         dur += match x {
-                            Extra::Recompute { tokens } => self.cost.prefill_time_ns(tokens, 0),
+                            Extra::Recompute { tokens, .. } => self.cost.prefill_time_ns(tokens, 0),
                             Extra::TailCopy { bytes } => (bytes as f64
                                 / (self.hw.hbm_bytes_per_s * self.hw.efficiency.hbm_efficiency)
                                 * 1e9)
@@ -233,7 +320,7 @@ impl<'a> Simulation<'a> {
                                 as u64,
                         };
                     }
-                    self.q.push(now + dur, P_STEP, Done::Step(worker));
+                    self.step(now, worker, dur);
                 }
                 Action::Transfer {
                     from,
@@ -275,6 +362,20 @@ impl<'a> Simulation<'a> {
                     self.encoder_saved_ns += self.cost.encoder_time_ns(&[tokens]);
                 }
             }
+        }
+        if let Some(c) = self.cores.as_mut() {
+            if let Some((t, w)) = c.schedule() {
+                self.q.push(t, P_STEP, Done::Step(w));
+            }
+        }
+    }
+
+    /// A compute step of `dur` ns on `worker` from `now`: on its own device, or on the
+    /// shared cores.
+    fn step(&mut self, now: Time, worker: u32, dur: u64) {
+        match self.cores.as_mut() {
+            Some(c) => c.start(now, worker, dur),
+            None => self.q.push(now + dur, P_STEP, Done::Step(worker)),
         }
     }
 
@@ -331,4 +432,71 @@ pub fn simulate(
     block_size: u32,
 ) -> Result<(Summary, Vec<RequestRecord>), SimError> {
     Simulation::new(cfg, trace, block_size)?.run()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SharedCores;
+
+    /// Run steps `(start, worker, ns)` on `cores` shared cores; their completions in order.
+    fn finishes(cores: f64, steps: &[(u64, u32, u64)]) -> Vec<(u64, u32)> {
+        let mut c = SharedCores::new(cores);
+        let mut out = Vec::new();
+        let mut i = 0;
+        loop {
+            let next = c.next;
+            match (steps.get(i), next) {
+                (Some(&(t, w, ns)), n) if n.is_none_or(|(tn, _)| t < tn) => {
+                    c.start(t, w, ns);
+                    c.schedule();
+                    i += 1;
+                }
+                (_, Some((t, w))) => {
+                    assert!(c.finish(t, w));
+                    out.push((t, w));
+                    c.schedule();
+                }
+                (None, None) => return out,
+                _ => unreachable!(),
+            }
+        }
+    }
+
+    #[test]
+    fn steps_share_the_cores_in_proportion() {
+        // Alone: its own time.
+        assert_eq!(finishes(1.0, &[(0, 0, 100)]), vec![(100, 0)]);
+        // Two on one core: half speed each.
+        assert_eq!(
+            finishes(1.0, &[(0, 0, 100), (0, 1, 100)]),
+            vec![(200, 0), (200, 1)]
+        );
+        // Two on two cores: no slowdown; three on two: two thirds speed.
+        assert_eq!(
+            finishes(2.0, &[(0, 0, 100), (0, 1, 100)]),
+            vec![(100, 0), (100, 1)]
+        );
+        assert_eq!(
+            finishes(2.0, &[(0, 0, 100), (0, 1, 100), (0, 2, 100)]),
+            vec![(150, 0), (150, 1), (150, 2)]
+        );
+        // A late start slows the first: 50 done alone by 50, then 50 left at half speed.
+        assert_eq!(
+            finishes(1.0, &[(0, 0, 100), (50, 1, 100)]),
+            vec![(150, 0), (200, 1)]
+        );
+    }
+
+    #[test]
+    fn a_completion_scheduled_before_the_rate_changed_is_stale() {
+        let mut c = SharedCores::new(1.0);
+        c.start(0, 0, 100);
+        assert_eq!(c.schedule(), Some((100, 0)));
+        c.start(10, 1, 100);
+        // Worker 0 has 90 left at half speed.
+        assert_eq!(c.schedule(), Some((190, 0)));
+        assert!(!c.finish(100, 0), "the old completion is stale");
+        assert_eq!(c.schedule(), None, "nothing changed");
+        assert!(c.finish(190, 0));
+    }
 }

@@ -134,21 +134,34 @@ pub struct Nic {
 }
 
 impl Nic {
-    /// Move `bytes` to the sink and wait for its acknowledgement.
+    /// Move `bytes` of the fixed pattern to the sink and wait for its acknowledgement.
     pub fn send(&mut self, bytes: u64) -> Result<(), LinkError> {
-        self.stream
+        self.send_from(bytes, None)
+    }
+
+    /// Move `payload` itself (a KV handoff's real bytes) to the sink and wait for its
+    /// acknowledgement.
+    pub fn send_payload(&mut self, payload: &[u8]) -> Result<(), LinkError> {
+        self.send_from(payload.len() as u64, Some(payload))
+    }
+
+    fn send_from(&mut self, bytes: u64, payload: Option<&[u8]>) -> Result<(), LinkError> {
+        let Nic { stream, pattern } = self;
+        stream
             .write_all(&bytes.to_le_bytes())
             .map_err(io("write length"))?;
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(CHUNK as u64) as usize;
-            self.stream
-                .write_all(&self.pattern[..n])
-                .map_err(io("write payload"))?;
-            left -= n as u64;
+        let mut off = 0usize;
+        while (off as u64) < bytes {
+            let n = (bytes - off as u64).min(CHUNK as u64) as usize;
+            let chunk = match payload {
+                Some(p) => &p[off..off + n],
+                None => &pattern[..n],
+            };
+            stream.write_all(chunk).map_err(io("write payload"))?;
+            off += n;
         }
         let mut ack = [0u8; 1];
-        self.stream.read_exact(&mut ack).map_err(io("read ack"))?;
+        stream.read_exact(&mut ack).map_err(io("read ack"))?;
         Ok(())
     }
 }

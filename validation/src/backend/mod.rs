@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use moonagent_core::serve::toy::Input;
 use moonagent_core::serve::{
-    Action, Counters, Done, EncoderOutputs, Engine, Extra, Flow, ImageRef, JobId, RequestRecord,
-    RequestView, ServeError, WorkerId,
+    Action, Counters, DecodeSeqRef, Done, EncoderOutputs, Engine, EngineConfig, Extra, Flow,
+    ImageRef, JobId, RequestRecord, RequestView, ServeError, WorkerId,
 };
 use moonagent_core::store::Store;
 use serde::{Deserialize, Serialize};
@@ -69,9 +69,52 @@ pub enum Step {
     },
 }
 
+/// Which jobs and KV pages a step works on (the engine's `kv_tables`): what lets an
+/// executor keep each sequence's KV in the pages the core's block pool gave it. Kept out
+/// of [`Step`], which is the step's shape (what the measured records keep).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum StepKv {
+    /// Shapes only.
+    #[default]
+    None,
+    /// A prefill's chunks: `(job, prompt tokens)` of each, in order.
+    Prefill(Vec<(JobId, u32)>),
+    /// A decode iteration's sequences with their pages, and the page copies
+    /// `(src, dst)` to execute first.
+    Decode {
+        /// The batch, in admission order.
+        seqs: Vec<DecodeSeqRef>,
+        /// Fork tail copies decided since the last iteration.
+        copies: Vec<(u32, u32)>,
+    },
+}
+
 /// Runs compute steps for real. One call at a time per worker; different workers call
 /// concurrently from their own threads.
 pub trait Executor: Send + Sync {
+    /// Called once before a run with the engine's configuration (the KV page geometry).
+    fn prepare(&self, _cfg: &EngineConfig) -> Result<(), ExecError> {
+        Ok(())
+    }
+    /// [`Executor::run`] with the step's jobs and pages; an executor that keeps real KV
+    /// pages uses them (the default ignores them).
+    fn run_kv(
+        &self,
+        worker: WorkerId,
+        step: &Step,
+        _kv: &StepKv,
+    ) -> Result<Vec<Vec<u8>>, ExecError> {
+        self.run(worker, step)
+    }
+    /// Take the KV bytes of `job`'s finished prefill from `worker` (a KV handoff's
+    /// payload), or `None` when the executor keeps no real KV.
+    fn kv_take(&self, _worker: WorkerId, _job: JobId) -> Result<Option<Vec<u8>>, ExecError> {
+        Ok(None)
+    }
+    /// Deliver `job`'s KV bytes to `worker` (a KV handoff's payload, landed).
+    fn kv_give(&self, _worker: WorkerId, _job: JobId, _bytes: Vec<u8>) -> Result<(), ExecError> {
+        Ok(())
+    }
     /// Run `step` on `worker` and return when its results exist: for an encode step of an
     /// executor whose [`Executor::encoder_outputs`] is true, one output per image, in
     /// order (what the engine commits to the embedding cache); otherwise nothing.
@@ -83,6 +126,11 @@ pub trait Executor: Send + Sync {
     }
     /// Hash `bytes` of processed pixels on the router.
     fn fingerprint(&self, bytes: u64) -> Result<(), ExecError>;
+    /// The host cores every worker's steps share (a fitted profile's `shared_cores`), or
+    /// `None` when each worker has a device of its own.
+    fn shared_cores(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// A compute step that failed.
@@ -357,11 +405,13 @@ pub fn run<S: Store, R: RequestView>(
             .collect(),
     };
 
-    let mut compute: Vec<Sender<Step>> = Vec::with_capacity(workers);
+    exec.prepare(engine.config())
+        .map_err(|source| BackendError::Exec { worker: 0, source })?;
+    let mut compute: Vec<Sender<(Step, StepKv)>> = Vec::with_capacity(workers);
     let mut nics: Vec<Sender<NicJob>> = Vec::with_capacity(workers);
     let mut handles: Vec<JoinHandle<()>> = Vec::new();
     for w in 0..workers as WorkerId {
-        let (stx, srx) = mpsc::channel::<Step>();
+        let (stx, srx) = mpsc::channel::<(Step, StepKv)>();
         let (events, ex) = (tx.clone(), Arc::clone(&exec));
         handles.push(spawn(format!("worker-{w}"), move || {
             compute_thread(w, srx, ex, events, start)
@@ -374,8 +424,9 @@ pub fn run<S: Store, R: RequestView>(
         let events = tx.clone();
         let te_nic = te_nics.get_mut(w as usize).and_then(Option::take);
         let verify = opts.verify_kv;
+        let ex = Arc::clone(&exec);
         handles.push(spawn(format!("nic-{w}"), move || {
-            nic_thread(w, nic, te_nic, verify, nrx, events, start)
+            nic_thread(w, nic, te_nic, verify, nrx, ex, events, start)
         })?);
         nics.push(ntx);
     }
@@ -515,7 +566,7 @@ pub fn run<S: Store, R: RequestView>(
 /// Hand `a` to its thread; returns the completions it will report.
 fn dispatch(
     a: &Action,
-    compute: &[Sender<Step>],
+    compute: &[Sender<(Step, StepKv)>],
     nics: &[Sender<NicJob>],
     router: &Sender<(u32, u64)>,
 ) -> Result<usize, BackendError> {
@@ -526,11 +577,11 @@ fn dispatch(
             .send(job)
             .map_err(|_| gone("nic"))
     };
-    let to_worker = |w: WorkerId, step: Step| {
+    let to_worker = |w: WorkerId, step: Step, kv: StepKv| {
         compute
             .get(w as usize)
             .ok_or_else(|| gone("worker"))?
-            .send(step)
+            .send((step, kv))
             .map_err(|_| gone("worker"))
     };
     Ok(match a {
@@ -551,11 +602,20 @@ fn dispatch(
                     tokens: tokens.clone(),
                     contents: images.iter().map(|i| i.content).collect(),
                 },
+                StepKv::None,
             )?;
             1
         }
-        Action::Prefill { worker, chunks } => {
-            to_worker(*worker, Step::Prefill(chunks.clone()))?;
+        Action::Prefill {
+            worker,
+            chunks,
+            jobs,
+        } => {
+            to_worker(
+                *worker,
+                Step::Prefill(chunks.clone()),
+                StepKv::Prefill(jobs.clone()),
+            )?;
             1
         }
         Action::Decode {
@@ -563,7 +623,17 @@ fn dispatch(
             batch,
             ctx_sum,
             extra,
+            seqs,
+            copies,
         } => {
+            let kv = if seqs.is_empty() && copies.is_empty() {
+                StepKv::None
+            } else {
+                StepKv::Decode {
+                    seqs: seqs.clone(),
+                    copies: copies.clone(),
+                }
+            };
             to_worker(
                 *worker,
                 Step::Decode {
@@ -571,6 +641,7 @@ fn dispatch(
                     ctx_sum: *ctx_sum,
                     extra: extra.clone(),
                 },
+                kv,
             )?;
             1
         }
@@ -639,14 +710,14 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
 
 fn compute_thread(
     w: WorkerId,
-    steps: Receiver<Step>,
+    steps: Receiver<(Step, StepKv)>,
     exec: Arc<dyn Executor>,
     events: Sender<Event>,
     start: Instant,
 ) {
-    for step in steps {
+    for (step, kv) in steps {
         let t0 = Instant::now();
-        let r = exec.run(w, &step);
+        let r = exec.run_kv(w, &step, &kv);
         let measured_ns = t0.elapsed().as_nanos() as u64;
         let ev = match r {
             Ok(outs) => {
@@ -673,22 +744,51 @@ fn compute_thread(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn nic_thread(
     w: WorkerId,
     mut nic: Nic,
     mut te_nic: Option<TeNic>,
     verify: bool,
     jobs: Receiver<NicJob>,
+    exec: Arc<dyn Executor>,
     events: Sender<Event>,
     start: Instant,
 ) {
     if let Some(t) = te_nic.as_mut() {
         te::fill_pattern(t.outbox(), w as usize);
     }
+    let fail = |events: &Sender<Event>, source: ExecError| {
+        let _ = events.send(Event::Failed(BackendError::Exec { worker: w, source }));
+    };
     let mut seq = 0u64;
     for job in jobs {
         let n = job.xfers.len();
+        // A KV handoff moves the job's real KV when the executor keeps it: taken from
+        // the prefill worker here, handed to the decode worker once the bytes are across.
+        let handoff = match (job.handoff, job.done) {
+            (Some(to), Some(Done::KvArrived(j))) => Some((to, j)),
+            _ => None,
+        };
+        let mut payload = match handoff.map(|(_, j)| exec.kv_take(w, j)) {
+            Some(Ok(p)) => p,
+            Some(Err(e)) => return fail(&events, e),
+            None => None,
+        };
         for (k, (flow, bytes)) in job.xfers.into_iter().enumerate() {
+            if let (Some(p), Some((to, j))) = (&payload, handoff) {
+                if p.len() as u64 != bytes {
+                    return fail(
+                        &events,
+                        ExecError {
+                            what: format!(
+                                "KV handoff of job {j} to worker {to}: the executor holds {} bytes, the engine moves {bytes}",
+                                p.len()
+                            ),
+                        },
+                    );
+                }
+            }
             let over_te = te_nic.as_mut().zip(job.handoff);
             let path = if over_te.is_some() {
                 KvPath::TransferEngine
@@ -696,11 +796,14 @@ fn nic_thread(
                 KvPath::Tcp
             };
             let r = match over_te {
-                Some((t, to)) => te_handoff(t, w, to, bytes, &mut seq, verify),
+                Some((t, to)) => te_handoff(t, w, to, bytes, payload.as_deref(), &mut seq, verify),
                 None => {
                     let t0 = Instant::now();
-                    nic.send(bytes)
-                        .map(|()| (t0, t0.elapsed().as_nanos() as u64))
+                    match payload.as_deref() {
+                        Some(p) => nic.send_payload(p),
+                        None => nic.send(bytes),
+                    }
+                    .map(|()| (t0, t0.elapsed().as_nanos() as u64))
                 }
             };
             let (t0, measured_ns) = match r {
@@ -716,8 +819,16 @@ fn nic_thread(
                 start_ns: t0.duration_since(start).as_nanos() as u64,
                 measured_ns,
             };
-            // The job's completion rides on its last transfer.
+            // The job's completion rides on its last transfer; a handoff's bytes are the
+            // receiver's before it completes.
             let done = if k + 1 == n { job.done } else { None };
+            if k + 1 == n {
+                if let (Some((to, j)), Some(p)) = (handoff, payload.take()) {
+                    if let Err(e) = exec.kv_give(to, j, p) {
+                        return fail(&events, e);
+                    }
+                }
+            }
             if events.send(Event::Done(done, timed)).is_err() {
                 return;
             }
@@ -750,6 +861,7 @@ fn te_handoff(
     w: WorkerId,
     to: WorkerId,
     bytes: u64,
+    payload: Option<&[u8]>,
     seq: &mut u64,
     verify: bool,
 ) -> Result<(Instant, u64), LinkError> {
@@ -760,7 +872,14 @@ fn te_handoff(
     while left > 0 {
         let len = left.min(slot) as usize;
         *seq += 1;
-        te::stamp(&mut t.outbox()[..len], *seq);
+        match payload {
+            // The real KV: this slot's part of it.
+            Some(p) => {
+                let off = (bytes - left) as usize;
+                t.outbox()[..len].copy_from_slice(&p[off..off + len]);
+            }
+            None => te::stamp(&mut t.outbox()[..len], *seq),
+        }
         let t0 = Instant::now();
         t.write(to as usize, 0, len)?;
         ns += t0.elapsed().as_nanos() as u64;

@@ -419,6 +419,12 @@ impl Compute for CpuCompute {
         &self.spec
     }
 
+    fn shared_cores(&self) -> Option<f64> {
+        std::thread::available_parallelism()
+            .ok()
+            .map(|n| n.get() as f64)
+    }
+
     fn new_kv(&self, pages: u32, page_tokens: u32) -> Result<KvArena, ComputeError> {
         KvArena::new(&self.spec, pages, page_tokens)
     }

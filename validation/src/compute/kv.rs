@@ -167,6 +167,32 @@ impl KvArena {
         Ok(out)
     }
 
+    /// Write a sequence's first `bytes.len() / kv_bytes_per_token` tokens of K/V in the
+    /// layout [`Self::read_tokens`] produces (the inverse: what a KV handoff delivers).
+    pub fn write_tokens(&mut self, table: &[u32], bytes: &[u8]) -> Result<(), ComputeError> {
+        let per = self.kv_bytes_per_token() as usize;
+        if bytes.len() % per != 0 {
+            return Err(ComputeError::PageSize {
+                expected: bytes.len() / per * per,
+                found: bytes.len(),
+            });
+        }
+        let len = bytes.len() / per;
+        self.check_table(table, len as u64)?;
+        let mut src = bytes.chunks_exact(2);
+        for layer in 0..self.layers {
+            for kind in 0..2 {
+                for pos in 0..len {
+                    let o = self.offset(table, pos, layer, kind);
+                    for (d, b) in self.data[o..o + self.kv_dim].iter_mut().zip(&mut src) {
+                        *d = u16::from_le_bytes([b[0], b[1]]);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Copy page `src` onto page `dst` (a real copy of its bytes).
     pub fn copy_page(&mut self, src: u32, dst: u32) -> Result<(), ComputeError> {
         self.check_page(src)?;
@@ -181,6 +207,18 @@ impl KvArena {
 impl KvPages for KvArena {
     fn pages(&self) -> u32 {
         self.pages
+    }
+
+    fn read_tokens(&self, table: &[u32], len: u32) -> Result<Vec<u8>, ComputeError> {
+        KvArena::read_tokens(self, table, len)
+    }
+
+    fn write_tokens(&mut self, table: &[u32], bytes: &[u8]) -> Result<(), ComputeError> {
+        KvArena::write_tokens(self, table, bytes)
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        KvArena::kv_bytes_per_token(self)
     }
 
     fn page_tokens(&self) -> u32 {

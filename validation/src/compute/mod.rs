@@ -290,6 +290,14 @@ pub trait KvPages {
     fn read_page(&self, page: u32, out: &mut [u8]) -> Result<(), ComputeError>;
     /// Overwrite page `page` with `bytes` (exactly [`KvPages::page_bytes`] long).
     fn write_page(&mut self, page: u32, bytes: &[u8]) -> Result<(), ComputeError>;
+    /// A sequence's first `len` tokens of K/V through its page table, independent of its
+    /// page ids (`len * kv_bytes_per_token` bytes): what a KV handoff moves.
+    fn read_tokens(&self, table: &[u32], len: u32) -> Result<Vec<u8>, ComputeError>;
+    /// The inverse of [`KvPages::read_tokens`]: write the K/V of the sequence's first
+    /// `bytes.len() / kv_bytes_per_token` tokens into its pages.
+    fn write_tokens(&mut self, table: &[u32], bytes: &[u8]) -> Result<(), ComputeError>;
+    /// KV bytes per token of the layout.
+    fn kv_bytes_per_token(&self) -> u64;
 }
 
 /// The operators of EPD serving over a [`ModelSpec`]: what a worker's GPU does.
@@ -304,6 +312,13 @@ pub trait Compute: Send + Sync {
 
     /// The model run.
     fn spec(&self) -> &ModelSpec;
+
+    /// How many host cores the workers' steps share when every worker computes on this
+    /// one instance (the CPU backend: its threads run on the host's cores), or `None`
+    /// when each worker has a device of its own.
+    fn shared_cores(&self) -> Option<f64> {
+        None
+    }
 
     /// An arena of `pages` pages of `page_tokens` tokens for this model.
     fn new_kv(&self, pages: u32, page_tokens: u32) -> Result<Self::Kv, ComputeError>;
