@@ -360,10 +360,12 @@ pub fn report(st: &Study) -> String {
         "\n## Runs\n\n{} compute workers (threads) on {} cores{}. Step stretch E/P/D: median measured / profiled time of the run's encode, prefill and decode steps (1.00: as fast as profiled alone).\n\n",
         st.workers,
         st.cores,
-        if st.workers as usize > st.cores {
-            ": when more workers are busy than there are cores, steps stretch (up to workers / cores) and the simulator, which gives every worker its own device, predicts too fast"
-        } else {
-            ""
+        match (st.workers as usize > st.cores, st.profile.hardware.shared_cores) {
+            (true, Some(c)) => format!(
+                ": when more workers are busy than there are cores, steps stretch (up to workers / cores); the fitted profile says the workers share {c} cores, so the simulator time-shares them (processor sharing), where the host's scheduler favours short, often-waking steps (decode) over long ones"
+            ),
+            (true, None) => ": when more workers are busy than there are cores, steps stretch (up to workers / cores) and the simulator, which gives every worker its own device, predicts too fast".to_string(),
+            _ => String::new(),
         }
     ));
     s.push_str("| mode | load | rate req/s | run | wall s | same decisions | step stretch E/P/D | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
