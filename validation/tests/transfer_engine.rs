@@ -268,3 +268,56 @@ fn te_and_tcp_per_size_medians() {
         );
     }
 }
+
+/// The real backend's handoffs over the Transfer Engine carry each job's real KV (the
+/// executor's pages, not a pattern): a B1 run on the CPU compute with `verify_kv` checks
+/// every slot that lands against what was sent, the decode workers write those bytes into
+/// the engine's pool pages, and the run replays to its decisions.
+#[test]
+fn real_kv_pages_cross_the_transfer_engine_intact() {
+    use moonagent_models::ModelSpec;
+    use moonagent_validation::compute::CpuCompute;
+    use moonagent_validation::exec::ComputeExecutor;
+    use moonagent_validation::measure::{mem_store, run_trace};
+    use moonagent_validation::study::{cpu_config, generate};
+
+    // Skip (or fail under CI=true) as the other tests do when the engine cannot start.
+    if cluster(2, 4096).is_none() {
+        return;
+    }
+    let cfg = cpu_config(Mode::B1);
+    let spec = ModelSpec::resolve(&cfg.model).unwrap();
+    let (trace, bs) = generate(12, 4.0, 21).unwrap();
+    let exec = Arc::new(ComputeExecutor::new(CpuCompute::new(&spec, 0).unwrap(), 3));
+    let opts = RunOptions {
+        kv_path: KvPath::TransferEngine,
+        verify_kv: true,
+        ..RunOptions::default()
+    };
+    let (m, s) = run_trace(&cfg, &trace, bs, mem_store(&cfg).unwrap(), exec, 1.0, opts).unwrap();
+    assert!(s.same_decisions);
+    assert!(m.done.iter().all(|&d| d));
+    let te = s
+        .kv_links
+        .iter()
+        .find(|k| k.path == KvPath::TransferEngine)
+        .expect("handoffs over the Transfer Engine");
+    // Every handoff the engine decided went over it, each a job's prompt of KV.
+    let handoffs = m
+        .actions
+        .iter()
+        .filter(|(_, a)| {
+            matches!(
+                a,
+                Action::Transfer {
+                    to: Some(_),
+                    flow: Flow::KvPut,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert!(handoffs >= trace.len(), "{handoffs} handoffs");
+    assert_eq!(te.transfers as usize, handoffs);
+    assert_eq!(te.bytes % spec.kv_bytes_per_token(), 0);
+}
