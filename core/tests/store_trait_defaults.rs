@@ -109,15 +109,18 @@ fn the_stores_admin_views_report_what_it_holds() {
         capacity_bytes: 12_345,
         ..MemStoreConfig::with_capacity(1 << 20)
     };
-    let mut s: MemStore<String> = MemStore::with_policy(cfg.clone(), &PolicyConfig::Lru {}).unwrap();
+    let mut s: MemStore<String> =
+        MemStore::with_policy(cfg.clone(), &PolicyConfig::Lru {}).unwrap();
     assert_eq!(s.config(), &cfg);
     assert_eq!(s.policy_name(), "lru");
     assert_eq!(store().policy_name(), "mooncake-default");
     assert!(s.is_empty());
     assert_eq!(s.keys().count(), 0);
     let rc = ReplicateConfig::of(DataType::KvCache);
-    s.put(1, "a".into(), Payload::Bytes(vec![1; 10]), &rc).unwrap();
-    s.put(2, "b".into(), Payload::Bytes(vec![2; 10]), &rc).unwrap();
+    s.put(1, "a".into(), Payload::Bytes(vec![1; 10]), &rc)
+        .unwrap();
+    s.put(2, "b".into(), Payload::Bytes(vec![2; 10]), &rc)
+        .unwrap();
     assert!(!s.is_empty());
     let mut keys: Vec<&String> = s.keys().collect();
     keys.sort();

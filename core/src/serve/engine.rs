@@ -867,36 +867,29 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         // so the object there is this output already, and replacing it would pull it from
         // under the transfer (and leave that read's `end_read` to a stranger).
         let held = self.holding.contains_key(&StoreKey::MmBlob(fp.0));
+        // Every encoder output is asked for once, whether or not it is committed.
+        let output = self.outputs.as_mut().map(|src| src.take(job, idx));
         if held {
             self.counters.commits_held += 1;
-            if let Some(src) = self.outputs.as_mut() {
-                // Taken all the same: every output is asked for once.
-                src.take(job, idx);
-            }
         }
         let r = match self.cfg.payloads {
             _ if held => Ok(CommitOutcome::Committed),
             Payloads::SizeOnly => cache.commit_size_only(now, ctx, fp, img.grid),
             Payloads::Bytes => {
-                let bytes = match self.outputs.as_mut() {
+                let bytes = match output {
                     None => synthetic_bytes(&fp.0, exp.byte_len),
-                    Some(src) => {
-                        let out = src.take(job, idx);
-                        match out {
-                            Some(b) if b.len() as u64 == exp.byte_len => b,
-                            other => {
-                                return Err(ServeError::EncoderOutput {
-                                    job,
-                                    idx,
-                                    what: format!(
-                                        "expected {} bytes ({} visual tokens), got {}",
-                                        exp.byte_len,
-                                        img.tokens,
-                                        other.map_or("none".into(), |b| b.len().to_string())
-                                    ),
-                                });
-                            }
-                        }
+                    Some(Some(b)) if b.len() as u64 == exp.byte_len => b,
+                    Some(other) => {
+                        return Err(ServeError::EncoderOutput {
+                            job,
+                            idx,
+                            what: format!(
+                                "expected {} bytes ({} visual tokens), got {}",
+                                exp.byte_len,
+                                img.tokens,
+                                other.map_or("none".into(), |b| b.len().to_string())
+                            ),
+                        });
                     }
                 };
                 cache.commit(now, ctx, fp, img.grid, &bytes)
