@@ -209,19 +209,29 @@ impl<C: Compute> ComputeExecutor<C> {
     fn prefill(&self, worker: WorkerId, chunks: &[(u32, u32)], seed: u64) -> Result<(), ExecError> {
         let lens: Vec<u32> = chunks.iter().map(|&(n, c)| n + c).collect();
         let (tables, pages) = tables(&lens);
+        let seeds: Vec<u64> = (0..chunks.len() as u64).map(|i| seed ^ i).collect();
+        self.with_kv(worker, pages, |kv| {
+            self.prefill_text(kv, chunks, &tables, &seeds)
+        })
+    }
+
+    /// Prefill `chunks` `(new, cached)` of text (`seeds[i]` the text of chunk `i`) over
+    /// their page `tables`.
+    fn prefill_text(
+        &self,
+        kv: &mut C::Kv,
+        chunks: &[(u32, u32)],
+        tables: &[Vec<u32>],
+        seeds: &[u64],
+    ) -> Result<(), ExecError> {
         let inputs: Vec<[Rows<'_>; 1]> = chunks
             .iter()
-            .enumerate()
-            .map(|(i, &(n, _))| {
-                [Rows::Text {
-                    seed: seed ^ i as u64,
-                    count: n,
-                }]
-            })
+            .zip(seeds)
+            .map(|(&(count, _), &seed)| [Rows::Text { seed, count }])
             .collect();
         let batch: Vec<PrefillChunk<'_>> = chunks
             .iter()
-            .zip(&tables)
+            .zip(tables)
             .zip(&inputs)
             .map(|((&(_, cached), pages), inputs)| PrefillChunk {
                 pages,
@@ -229,9 +239,7 @@ impl<C: Compute> ComputeExecutor<C> {
                 inputs,
             })
             .collect();
-        self.with_kv(worker, pages, |kv| {
-            self.compute.prefill(kv, &batch).map(drop).map_err(err)
-        })
+        self.compute.prefill(kv, &batch).map(drop).map_err(err)
     }
 }
 
@@ -315,27 +323,8 @@ impl<C: Compute> ComputeExecutor<C> {
             .map(|&s| pool.table(s).map(<[u32]>::to_vec))
             .collect::<Result<_, _>>()
             .map_err(err)?;
-        let inputs: Vec<[Rows<'_>; 1]> = chunks
-            .iter()
-            .zip(jobs)
-            .map(|(&(new, _), &(job, _))| {
-                [Rows::Text {
-                    seed: job_seed(job),
-                    count: new,
-                }]
-            })
-            .collect();
-        let batch: Vec<PrefillChunk<'_>> = chunks
-            .iter()
-            .zip(&tables)
-            .zip(&inputs)
-            .map(|((&(_, cached), pages), inputs)| PrefillChunk {
-                pages,
-                cached,
-                inputs,
-            })
-            .collect();
-        self.compute.prefill(kv, &batch).map_err(err)?;
+        let seeds: Vec<u64> = jobs.iter().map(|&(job, _)| job_seed(job)).collect();
+        self.prefill_text(kv, chunks, &tables, &seeds)?;
         // Finished prefills: their KV is the handoff's payload; the pages go back.
         for ((&(new, cached), &(job, prompt)), (seq, table)) in
             chunks.iter().zip(jobs).zip(seqs.iter().zip(&tables))
@@ -411,16 +400,8 @@ impl<C: Compute> ComputeExecutor<C> {
         for x in extra {
             if let Extra::Recompute { tokens, job } = *x {
                 let s = find(job)?;
-                let inputs = [Rows::Text {
-                    seed: job_seed(job),
-                    count: tokens,
-                }];
-                let chunk = PrefillChunk {
-                    pages: &s.pages,
-                    cached: 0,
-                    inputs: &inputs,
-                };
-                self.compute.prefill(kv, &[chunk]).map_err(err)?;
+                let pages = std::slice::from_ref(&s.pages);
+                self.prefill_text(kv, &[(tokens, 0)], pages, &[job_seed(job)])?;
                 recomputed.push(job);
             }
         }
