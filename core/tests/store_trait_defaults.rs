@@ -132,3 +132,30 @@ fn the_stores_admin_views_report_what_it_holds() {
     let dbg = format!("{s:?}");
     assert!(dbg.contains("lru") && dbg.contains("12345"), "{dbg}");
 }
+
+/// Eviction ticks are aligned to multiples of the interval: a store first called at 250
+/// with a 100 ns interval evicts at its tick of 300, not before. (It does not kill the
+/// survivors of store shard 2 of 4 that mutate the first call's alignment, `(now / iv) *
+/// iv`: they are equivalent, since before a store's second call it holds only puts in
+/// progress, which no tick evicts, and a tick that finds nothing to evict realigns.)
+#[test]
+fn eviction_ticks_align_to_the_interval_from_the_first_call() {
+    let cfg = MemStoreConfig {
+        capacity_bytes: 1000,
+        eviction_interval_ns: 100,
+        ..MemStoreConfig::with_capacity(1000)
+    };
+    let mut s: MemStore<String> = MemStore::new(cfg).unwrap();
+    let rc = ReplicateConfig::of(DataType::KvCache);
+    // The first call fills the store above its high watermark at once.
+    s.put(250, "big", Payload::Bytes(vec![0; 990]), &rc)
+        .unwrap();
+    s.advance(299);
+    assert_eq!(s.len(), 1, "a tick ran before 300");
+    s.advance(300);
+    assert_eq!(
+        s.len(),
+        0,
+        "no eviction at the tick of 300 above the high watermark"
+    );
+}
