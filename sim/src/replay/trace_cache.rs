@@ -160,11 +160,21 @@ pub enum Stale {
     Unsupported,
 }
 
-/// A directory of compiled traces.
+/// A directory of compiled traces, kept under a size limit: after each write the least
+/// recently used files (by modification time, which a load refreshes) are removed until
+/// the directory's compiled traces fit. Removing a file another process has mapped is
+/// safe: the mapping keeps the data until it is dropped.
 #[derive(Debug, Clone)]
 pub struct TraceCache {
     dir: PathBuf,
+    max_bytes: u64,
 }
+
+/// The cache's default size limit (8 GiB: about 22 compiled traces of 10M requests).
+pub const DEFAULT_MAX_BYTES: u64 = 8 << 30;
+
+/// Temporary files older than this are a crashed writer's, removed when pruning.
+const STALE_TMP: std::time::Duration = std::time::Duration::from_secs(3600);
 
 fn checksum(head: &[u8], accesses: &[u8], objects: &[u8]) -> u64 {
     let mut h = Xxh3::new();
@@ -268,9 +278,75 @@ pub fn decode(map: Arc<Mmap>, key: &TraceKey) -> Result<Compiled, Stale> {
 }
 
 impl TraceCache {
-    /// A cache in `dir` (created on the first write).
+    /// A cache in `dir` (created on the first write), limited to
+    /// `$MOONAGENT_CACHE_MAX_BYTES` bytes (0: no limit), else [`DEFAULT_MAX_BYTES`].
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        let max_bytes = std::env::var("MOONAGENT_CACHE_MAX_BYTES")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(DEFAULT_MAX_BYTES, |n| if n == 0 { u64::MAX } else { n });
+        Self {
+            dir: dir.into(),
+            max_bytes,
+        }
+    }
+
+    /// The same cache with a size limit of `max_bytes`.
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
+    /// The size limit, bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// Remove the least recently used compiled traces (never `keep`) until the rest fit
+    /// the size limit, and temporary files older than an hour; returns the files removed.
+    pub fn prune(&self, keep: &Path) -> io::Result<Vec<PathBuf>> {
+        let now = std::time::SystemTime::now();
+        let mut files = Vec::new();
+        let mut total = 0u64;
+        let mut removed = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let path = entry.path();
+            let Ok(meta) = entry.metadata() else { continue };
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let modified = meta.modified().unwrap_or(now);
+            if name.contains(".mtc.tmp") {
+                if now
+                    .duration_since(modified)
+                    .is_ok_and(|age| age > STALE_TMP)
+                    && std::fs::remove_file(&path).is_ok()
+                {
+                    removed.push(path);
+                }
+                continue;
+            }
+            if !name.ends_with(".mtc") {
+                continue;
+            }
+            total += meta.len();
+            files.push((modified, path, meta.len()));
+        }
+        // Oldest first; ties by name, so the choice is the same on every run.
+        files.sort();
+        for (_, path, len) in files {
+            if total <= self.max_bytes {
+                break;
+            }
+            if path == keep {
+                continue;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                total -= len;
+                removed.push(path);
+            }
+        }
+        Ok(removed)
     }
 
     /// `$MOONAGENT_CACHE`, else `$XDG_CACHE_HOME/moonagent/compiled`, else
@@ -319,7 +395,10 @@ impl TraceCache {
         // never truncated or written in place (module docs), so the mapped bytes do not
         // change under the mapping; they are checked before any is read as an access.
         let map = unsafe { MmapOptions::new().populate().map(&f)? };
-        decode(Arc::new(map), key)
+        let c = decode(Arc::new(map), key)?;
+        // Used now: the last to go when the cache is pruned (best effort).
+        let _ = f.set_modified(std::time::SystemTime::now());
+        Ok(c)
     }
 
     /// Write `c` as the compiled trace of `key`: a temporary file renamed into place.
@@ -346,6 +425,7 @@ impl TraceCache {
         write().inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);
         })?;
+        self.prune(&path)?;
         Ok(path)
     }
 }
@@ -377,6 +457,55 @@ mod tests {
         let b = og(&[(1, 7, 10), (2, 8, 20), (3, 7, 10), (3, 9, 5), (4, 8, 20)]);
         let c = Compiled::from_oracle_general_bytes(&b).unwrap();
         (b, c)
+    }
+
+    /// The cache keeps to its size limit by removing the least recently used files (a
+    /// load counts as a use), never the one just written; a crashed writer's old
+    /// temporary file goes too.
+    #[test]
+    fn the_cache_keeps_to_its_limit_removing_the_least_recently_used() {
+        let d = dir("prune");
+        let (_, c) = sample();
+        let keys: Vec<TraceKey> = (0..4u8).map(|i| key_of_bytes(&[i], b"x")).collect();
+        let one = {
+            let probe = TraceCache::new(&d).with_max_bytes(u64::MAX);
+            let p = probe.store(&keys[0], &c).unwrap();
+            std::fs::metadata(p).unwrap().len()
+        };
+        // Room for three files.
+        let cache = TraceCache::new(&d).with_max_bytes(3 * one);
+        let t0 = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        let age = |k: &TraceKey, secs: u64| {
+            let f = File::options().write(true).open(cache.path(k)).unwrap();
+            f.set_modified(t0 + std::time::Duration::from_secs(secs))
+                .unwrap();
+        };
+        cache.store(&keys[1], &c).unwrap();
+        cache.store(&keys[2], &c).unwrap();
+        age(&keys[0], 1);
+        age(&keys[1], 2);
+        age(&keys[2], 3);
+        // A load makes key 0 the most recent.
+        cache.load(&keys[0]).unwrap();
+        let tmp = d.join("dead.mtc.tmp1");
+        std::fs::write(&tmp, b"half").unwrap();
+        File::options()
+            .write(true)
+            .open(&tmp)
+            .unwrap()
+            .set_modified(t0)
+            .unwrap();
+        cache.store(&keys[3], &c).unwrap();
+        let exists = |k: &TraceKey| cache.path(k).exists();
+        assert!(!exists(&keys[1]), "the least recently used one stays");
+        assert!(exists(&keys[0]) && exists(&keys[2]) && exists(&keys[3]));
+        assert!(!tmp.exists(), "an hour-old temporary file stays");
+        // A limit below one file keeps the file just written.
+        let tiny = TraceCache::new(&d).with_max_bytes(1);
+        let p = tiny.store(&keys[1], &c).unwrap();
+        assert!(p.exists());
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        std::fs::remove_dir_all(&d).ok();
     }
 
     #[test]
