@@ -641,4 +641,11 @@ fn the_reports_views_of_the_cache_say_what_they_name() {
         .is_keyed());
     assert_eq!(plain.tenant(), "alice");
     assert_eq!(plain.hidden(), HIDDEN);
+
+    // A driver resets the counters between passes through `counters_mut`.
+    let mut m = cache();
+    m.counters_mut().lookups = 3;
+    assert_eq!(m.counters().lookups, 3);
+    *m.counters_mut() = CacheCounters::default();
+    assert_eq!(m.counters().lookups, 0);
 }
