@@ -230,6 +230,10 @@ fn every_store_counter_counts_its_events() {
     assert_eq!(st.removed, 1);
     assert_eq!(s.peek("a").map(|m| m.access_count), Some(1));
     assert_eq!(s.used_bytes(), 100);
+    // The refused put still wants room: once a's lease has expired, the next call's run
+    // evicts it (an empty run leaves the want standing while objects remain).
+    assert!(s.get_size(1_000_010, "zz").is_err());
+    assert!(s.peek("a").is_none(), "a kept after its lease expired");
 }
 
 /// The high watermark is a strict bound, and a store with eviction ratio 0 never runs an
@@ -277,4 +281,48 @@ fn an_abandoned_put_is_replaced_exactly_at_the_discard_timeout() {
     );
     assert_eq!(s.put_start(1_100, "q", 10, &kv), Ok(()));
     assert_eq!(s.len(), 1);
+}
+
+/// One `advance` runs every tick due, in order, each at its own time, and a tick that
+/// finds nothing to evict runs once more at the last due tick, and only when that is a
+/// later tick. Ten 99 B objects (990 B of 1000, watermark 40%: at least 6 must go), five
+/// of them read at 50 (leased to `50 + ttl`); a run evicts what it can down to the
+/// watermark. Written for the survivors of store shard 3 of 4 in `advance` (the next tick
+/// `t + iv` to `t - iv`, `== 0` to `!= 0`, the catch-up condition `last_due > t &&
+/// trigger()` mutated).
+#[test]
+fn every_due_tick_runs_once_in_order_and_an_empty_one_catches_up_once() {
+    let kv = ReplicateConfig::of(DataType::KvCache);
+    let store = |ttl: u64| {
+        let cfg = MemStoreConfig {
+            capacity_bytes: 1000,
+            high_watermark: 0.4,
+            eviction_interval_ns: 100,
+            kv_lease_ttl_ns: ttl,
+            ..MemStoreConfig::with_capacity(1000)
+        };
+        let mut s: MemStore<String> = MemStore::new(cfg).unwrap();
+        for i in 0..10u64 {
+            s.put(1 + i, &format!("k{i}"), Payload::Bytes(vec![0; 99]), &kv)
+                .unwrap();
+        }
+        for i in 5..10 {
+            assert_eq!(s.exists(50, &format!("k{i}")), Ok(true));
+        }
+        s
+    };
+    let runs = |s: &MemStore<String>| (s.stats().eviction_runs, s.stats().eviction_runs_empty);
+    // Leased to 150: tick 100 evicts the five others, tick 200 one more.
+    let mut s = store(100);
+    s.advance(550);
+    assert_eq!((s.len(), runs(&s)), (4, (2, 0)));
+    // Leased to 250: tick 100 evicts five, tick 200 finds nothing, the catch-up at 500 one.
+    let mut s = store(200);
+    s.advance(550);
+    assert_eq!((s.len(), runs(&s)), (4, (3, 1)));
+    // Leased to 250, called at 250: tick 100 evicts five, tick 200 is the last due one and
+    // finds nothing; no second run.
+    let mut s = store(200);
+    s.advance(250);
+    assert_eq!((s.len(), runs(&s)), (5, (2, 1)));
 }
