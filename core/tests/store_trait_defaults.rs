@@ -117,10 +117,8 @@ fn the_stores_admin_views_report_what_it_holds() {
     assert!(s.is_empty());
     assert_eq!(s.keys().count(), 0);
     let rc = ReplicateConfig::of(DataType::KvCache);
-    s.put(1, "a".into(), Payload::Bytes(vec![1; 10]), &rc)
-        .unwrap();
-    s.put(2, "b".into(), Payload::Bytes(vec![2; 10]), &rc)
-        .unwrap();
+    s.put(1, "a", Payload::Bytes(vec![1; 10]), &rc).unwrap();
+    s.put(2, "b", Payload::Bytes(vec![2; 10]), &rc).unwrap();
     assert!(!s.is_empty());
     let mut keys: Vec<&String> = s.keys().collect();
     keys.sort();
