@@ -649,3 +649,22 @@ fn the_reports_views_of_the_cache_say_what_they_name() {
     *m.counters_mut() = CacheCounters::default();
     assert_eq!(m.counters().lookups, 0);
 }
+
+/// A meta stored without bytes (a size-only object under the meta key) is no envelope: a
+/// lookup with bytes counts it as corrupt meta, not as a store error. Written for a
+/// survivor of mm_cache shard 2 of 3 (`StoreError::SizeOnly => CorruptMeta` deleted).
+#[test]
+fn a_size_only_object_under_the_meta_key_is_corrupt_meta() {
+    let (mut c, ctx, _) = committed(ChecksumAlgo::Xxh3_64);
+    let s = c.store_mut().inner_mut();
+    let _ = s.remove(0, &meta_key(&FP), true);
+    let cfg = ReplicateConfig::of(DataType::EncoderOutput);
+    s.put(0, &meta_key(&FP), Payload::SizeOnly(64), &cfg)
+        .expect("put size-only meta");
+    let before = c.counters().clone();
+    assert_eq!(lookup(&mut c, &ctx), Lookup::Miss(MissReason::CorruptMeta));
+    assert_eq!(
+        c.counters().misses.get(MissReason::CorruptMeta),
+        before.misses.get(MissReason::CorruptMeta) + 1
+    );
+}
