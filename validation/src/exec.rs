@@ -39,6 +39,7 @@
 //! sequences holding `ctx_sum` tokens runs `batch` sequences of `ctx_sum / batch` tokens
 //! each.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -124,8 +125,8 @@ impl<C: Compute> ComputeExecutor<C> {
         }
     }
 
-    /// The K/V bytes of `job`'s first `len` tokens in `worker`'s decode pool, through
-    /// `pages` (what a test compares with an unpaged computation).
+    /// The K/V bytes of the first `len` tokens of the sequence whose page table is `pages`
+    /// in `worker`'s decode pool (what a test compares with an unpaged computation).
     pub fn decode_tokens(
         &self,
         worker: WorkerId,
@@ -385,10 +386,9 @@ impl<C: Compute> ComputeExecutor<C> {
                 copy(kv, st.scratch, dst)?;
             }
         }
-        // 2. The fork tail copies decided since.
-        for &(src, dst) in copies {
-            copy(kv, src, dst)?;
-        }
+        // 2. The fork tail copies decided since, in order.
+        let (src, dst): (Vec<u32>, Vec<u32>) = copies.iter().copied().unzip();
+        self.compute.copy_pages(kv, &src, &dst).map_err(err)?;
         // 3. Sequences admitted into fresh pages: recompute a preempted context, or write
         //    the KV the prefill produced.
         let find = |job: JobId| {
@@ -409,10 +409,12 @@ impl<C: Compute> ComputeExecutor<C> {
             .iter()
             .filter(|s| s.admitted && !recomputed.contains(&s.job))
         {
-            let bytes = lock(&self.inbox, worker)?
-                .remove(&s.job)
-                .or_else(|| lock(&self.outbox, worker).ok()?.remove(&s.job))
-                .ok_or_else(|| {
+            let handed = lock(&self.inbox, worker)?.remove(&s.job);
+            let bytes = match handed {
+                Some(b) => Some(b),
+                None => lock(&self.outbox, worker)?.remove(&s.job),
+            }
+            .ok_or_else(|| {
                     err(format!(
                         "job {} admitted to decode on worker {worker} with no KV (neither handed off nor prefilled here)",
                         s.job
@@ -430,11 +432,13 @@ impl<C: Compute> ComputeExecutor<C> {
         }
         // 4. The iteration: position `len` of each sequence, in its page or a scratch page.
         let vocab = self.compute.spec().llm.vocab_size;
-        let mut tables = Vec::with_capacity(seqs.len());
+        // A sequence writing into its own page reads its table in place; one staging its
+        // write gets a copy ending in its scratch page.
+        let mut tables: Vec<Cow<'_, [u32]>> = Vec::with_capacity(seqs.len());
         for (i, s) in seqs.iter().enumerate() {
             let at = (s.len / pt) as usize;
             if at < s.pages.len() && !s.shared_tail {
-                tables.push(s.pages[..=at].to_vec());
+                tables.push(Cow::Borrowed(&s.pages[..=at]));
                 continue;
             }
             let scratch = g.pool_pages + i as u32;
@@ -444,7 +448,7 @@ impl<C: Compute> ComputeExecutor<C> {
             }
             let mut t = s.pages[..at.min(s.pages.len())].to_vec();
             t.push(scratch);
-            tables.push(t);
+            tables.push(Cow::Owned(t));
             if s.appends {
                 staged.push(Staged {
                     seq: s.seq,
