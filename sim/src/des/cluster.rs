@@ -173,10 +173,11 @@ impl SharedCores {
             .map(|(i, &(w, left))| (at + (left.max(0.0) / rate).ceil() as u64, i, w))
             .min()
             .map(|(t, _, w)| (t, w));
-        (next != self.next).then(|| {
-            self.next = next;
-            next
-        })?
+        if next == self.next {
+            return None;
+        }
+        self.next = next;
+        next
     }
 
     /// Whether the step completion `(t, worker)` popped from the queue is the valid one
@@ -208,6 +209,8 @@ pub struct Simulation<'a> {
     encoder_gpu_ns: u64,
     encoder_saved_ns: u64,
     events_by_kind: [u64; 6],
+    /// Step completions popped after the shared cores' rate changed (not events).
+    stale: u64,
 }
 
 impl<'a> Simulation<'a> {
@@ -235,6 +238,7 @@ impl<'a> Simulation<'a> {
             encoder_gpu_ns: 0,
             encoder_saved_ns: 0,
             events_by_kind: [0; 6],
+            stale: 0,
         })
     }
 
@@ -270,6 +274,7 @@ impl<'a> Simulation<'a> {
             } else if let Some((t, done)) = self.q.pop() {
                 if let (Some(c), Done::Step(w)) = (self.cores.as_mut(), done) {
                     if !c.finish(t, w) {
+                        self.stale += 1;
                         continue;
                     }
                 }
@@ -401,7 +406,7 @@ impl<'a> Simulation<'a> {
             .iter()
             .map(|p| u64::from(p.used))
             .sum();
-        let events = self.q.popped();
+        let events = self.q.popped() - self.stale;
         let (served, c, cache) = self.engine.into_served();
         let done: Vec<bool> = served.iter().map(|t| t.done).collect();
         let recs: Vec<RequestRecord> = served.into_iter().map(|t| t.rec).collect();
