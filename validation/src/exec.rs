@@ -531,13 +531,15 @@ impl<C: Compute> Executor for ComputeExecutor<C> {
         kv: &StepKv,
     ) -> Result<Vec<Vec<u8>>, ExecError> {
         match (step, kv) {
-            (Step::Prefill(chunks), StepKv::Prefill(jobs)) => {
+            // A prefill always names its jobs; its KV is kept only when decodes will name
+            // their pages to take it (the engine's `kv_tables`), else nothing would take it.
+            (Step::Prefill(chunks), StepKv::Prefill(jobs)) if self.geometry()?.tables => {
                 self.prefill_kv(worker, chunks, jobs).map(|()| Vec::new())
             }
             (Step::Decode { extra, .. }, StepKv::Decode { seqs, copies }) => self
                 .decode_kv(worker, extra, seqs, copies)
                 .map(|()| Vec::new()),
-            (_, StepKv::None) => self.run(worker, step),
+            (_, StepKv::None) | (Step::Prefill(_), StepKv::Prefill(_)) => self.run(worker, step),
             _ => Err(err("a step's KV identities do not match its kind")),
         }
     }
