@@ -233,8 +233,27 @@ fn every_forgery_without_the_secret_is_an_unauthenticated_miss() {
     let r = c.commit(0, &plain, pfp, GRID, &embedding(0, 1, len));
     assert_eq!(r, Ok(CommitOutcome::Committed));
     assert_unauthenticated(&mut c, &keyed_ctx(0), &pfp, "keyed reader of a plain pair");
+
+    // 8. Same fingerprint secret, MAC presence differing: a reader that keys its
+    // fingerprints but holds no MAC secret does not take a MAC'd pair (it cannot verify
+    // the tag), and a reader with a MAC secret does not take a pair without one. (Kills
+    // `auth_matches`' `&&` -> `||`, which accepts on the fingerprint scheme alone.)
+    let fp_only = plain_ctx(0).with_keyed_fingerprints(secret(0));
+    let (mut c, _, fp) = keyed_pair();
+    assert_eq!(fp_of(&fp_only, 0), fp, "same fingerprint secret, same key");
+    assert_unauthenticated(
+        &mut c,
+        &fp_only,
+        &fp,
+        "fingerprint-only reader of a MAC'd pair",
+    );
+    let mut c2 = cache();
+    let r = c2.commit(0, &fp_only, fp, GRID, &embedding(0, 0, len));
+    assert_eq!(r, Ok(CommitOutcome::Committed));
+    assert_unauthenticated(&mut c2, &keyed_ctx(0), &fp, "MAC reader of a MAC-less pair");
     // Unauthenticated misses do not delete the pair (only corruption does).
     assert_eq!(c.counters().pairs_deleted, 0);
+    assert_eq!(c2.counters().pairs_deleted, 0);
 }
 
 #[test]
