@@ -66,6 +66,71 @@ pub struct HardwareProfile {
     /// sharing. Absent (the default) when every worker has a device of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_cores: Option<f64>,
+    /// How the host's scheduler divides `shared_cores` among step kinds (weighted
+    /// processor sharing), measured by `moonagent validate profile`'s contention run.
+    /// Absent: every running step gets an equal share. Requires `shared_cores`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_weights: Option<CoreWeights>,
+}
+
+/// Relative shares of shared cores per compute step kind: with steps of weights `w_i`
+/// running on `c` cores, each runs at `min(1, λ w_i)` of its own speed, `λ` such that the
+/// rates sum to `min(c, n)` (water-filling). Equal weights are plain processor sharing.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoreWeights {
+    /// Encoder batches.
+    pub encode: f64,
+    /// Prefill chunks.
+    pub prefill: f64,
+    /// Decode iterations.
+    pub decode: f64,
+}
+
+impl CoreWeights {
+    /// Equal shares (plain processor sharing).
+    pub const EQUAL: CoreWeights = CoreWeights {
+        encode: 1.0,
+        prefill: 1.0,
+        decode: 1.0,
+    };
+
+    /// Weights in `[encode, prefill, decode]` order.
+    pub fn as_array(&self) -> [f64; 3] {
+        [self.encode, self.prefill, self.decode]
+    }
+}
+
+/// The rate of each of `weights.len()` steps sharing `cores` cores by weight, as a
+/// fraction of its own full speed, into `rates` (water-filling): steps whose weighted
+/// share would exceed one core run at full speed, and the cores left are shared among the
+/// rest by weight, until no share exceeds one core. The rates sum to
+/// `min(cores, steps)`; with equal weights each is `min(1, cores / steps)` exactly.
+pub fn shared_core_rates(cores: f64, weights: &[f64], rates: &mut Vec<f64>) {
+    let n = weights.len();
+    rates.clear();
+    rates.resize(n, 0.0);
+    let mut open: Vec<usize> = (0..n).collect();
+    let mut cap = cores;
+    while !open.is_empty() {
+        let wsum: f64 = open.iter().map(|&i| weights[i]).sum();
+        let lambda = cap / wsum;
+        let before = open.len();
+        open.retain(|&i| {
+            let full = lambda * weights[i] >= 1.0;
+            if full {
+                rates[i] = 1.0;
+            }
+            !full
+        });
+        if open.len() == before {
+            for &i in &open {
+                rates[i] = lambda * weights[i];
+            }
+            break;
+        }
+        cap -= (before - open.len()) as f64;
+    }
 }
 
 /// Fractions of peak that kernels reach; each in (0, 1]. All calibratable.
@@ -333,6 +398,17 @@ impl HardwareProfile {
         )?;
         if let Some(c) = self.shared_cores {
             check_positive("shared_cores", c)?;
+        }
+        if let Some(w) = self.core_weights {
+            if self.shared_cores.is_none() {
+                return Err(FieldError::new(
+                    "core_weights",
+                    "expected together with shared_cores (they divide the shared cores)",
+                ));
+            }
+            check_positive("core_weights.encode", w.encode)?;
+            check_positive("core_weights.prefill", w.prefill)?;
+            check_positive("core_weights.decode", w.decode)?;
         }
         Ok(())
     }

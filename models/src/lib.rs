@@ -38,7 +38,10 @@ pub use cost::{
     CostModel, Work,
 };
 pub use error::ModelError;
-pub use hardware::{Efficiency, Flow, HardwareProfile, Host, Link, LinkKind, Links, Overheads};
+pub use hardware::{
+    shared_core_rates, CoreWeights, Efficiency, Flow, HardwareProfile, Host, Link, LinkKind, Links,
+    Overheads,
+};
 pub use model::{Dtype, LlmSpec, ModelSpec, VisionSpec};
 
 /// Round a non-negative time in ns up to a whole ns; NaN and negatives give 0, huge

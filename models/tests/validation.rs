@@ -283,3 +283,51 @@ fn tensor_parallel_degree_is_checked() {
         Some("links.rdma")
     );
 }
+
+#[test]
+fn core_weights_need_shared_cores_and_positive_values() {
+    // Top-level keys first, the table last (TOML puts later keys into the table).
+    let with = |shared: &str, table: &str| format!("{shared}{CPU}\n[core_weights]\n{table}");
+    let (yes, no) = ("shared_cores = 2.0\n", "");
+    assert_invalid(
+        &hw_err(&with(no, "encode = 1.0\nprefill = 1.0\ndecode = 2.0")),
+        "core_weights",
+    );
+    assert_invalid(
+        &hw_err(&with(yes, "encode = 1.0\nprefill = 0.0\ndecode = 2.0")),
+        "core_weights.prefill",
+    );
+    assert_parse(
+        &hw_err(&with(yes, "encode = 1.0\ndecode = 2.0")),
+        &["prefill"],
+    );
+    let ok = HardwareProfile::from_toml_str(
+        &with(yes, "encode = 1.0\nprefill = 0.5\ndecode = 2.0"),
+        "test.toml",
+    )
+    .expect("valid");
+    assert_eq!(ok.core_weights.map(|w| w.as_array()), Some([1.0, 0.5, 2.0]));
+}
+
+/// Water-filling: the rates never exceed 1, sum to `min(cores, steps)`, keep the weights'
+/// proportions among steps below full speed, and are plain processor sharing for equal
+/// weights.
+#[test]
+fn shared_core_rates_fill_the_cores_by_weight() {
+    use moonagent_models::shared_core_rates;
+    let mut r = Vec::new();
+    shared_core_rates(2.0, &[1.0, 1.0, 3.0], &mut r);
+    assert_eq!(r, vec![0.5, 0.5, 1.0]);
+    shared_core_rates(1.0, &[1.0, 3.0], &mut r);
+    assert_eq!(r, vec![0.25, 0.75]);
+    shared_core_rates(2.0, &[5.0, 5.0, 5.0], &mut r);
+    assert_eq!(r, vec![2.0 / 3.0; 3]);
+    shared_core_rates(4.0, &[1.0, 9.0], &mut r);
+    assert_eq!(r, vec![1.0, 1.0]);
+    shared_core_rates(2.0, &[], &mut r);
+    assert!(r.is_empty());
+    // Two saturate in turn: 3 cores, weights 10, 4, 1, 1 -> 10 full (10/16*3 > 1), then 4
+    // full (4/6*2 > 1), then 1 core for the last two.
+    shared_core_rates(3.0, &[10.0, 4.0, 1.0, 1.0], &mut r);
+    assert_eq!(r, vec![1.0, 1.0, 0.5, 0.5]);
+}

@@ -17,7 +17,7 @@ use moonagent_validation::compute::CpuCompute;
 use moonagent_validation::exec::ComputeExecutor;
 use moonagent_validation::measure::{mem_store, read_inputs, run_trace, write_run, MeasureError};
 use moonagent_validation::mooncake::BridgeStore;
-use moonagent_validation::profile::{self, Grid};
+use moonagent_validation::profile::{self, ContentionPlan, Grid};
 use moonagent_validation::study::{self, cpu_config, StoreFactory, StudyConfig};
 
 use super::util::{read_config, read_trace};
@@ -156,7 +156,7 @@ struct CompareArgs {
     /// The run's configuration, if it was not the default.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Mode of the run, if not the config's.
+    /// Mode of the run; default: the one its summary.json records, else the config's.
     #[arg(long)]
     mode: Option<String>,
     /// Hardware profile the simulator uses (a fitted profile.toml).
@@ -274,7 +274,26 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
         pb.inc(1);
     })?;
     pb.finish_and_clear();
-    let p = profile::fit(&base, &spec, &samples, &holdout, exec.shared_cores())?;
+    let contention = match exec.shared_cores() {
+        Some(cores) => {
+            let pb = progress::spinner("contention", "", true);
+            let c =
+                profile::contention(&ContentionPlan::cpu_default(), exec.as_ref(), cores, |m| {
+                    pb.set_message(m.to_string())
+                })?;
+            pb.finish_and_clear();
+            Some(c)
+        }
+        None => None,
+    };
+    let p = profile::fit(
+        &base,
+        &spec,
+        &samples,
+        &holdout,
+        exec.shared_cores(),
+        contention,
+    )?;
     let path = study::write_profile(&a.out, &p, &samples, &holdout)?;
     println!("{}", study::profile_markdown(&p));
     eprintln!("wrote {}", path.display());
@@ -344,11 +363,28 @@ fn run_cmd(a: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// The mode a `validate run` folder recorded in its `summary.json`, if it did.
+fn run_mode(run: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(run.join("summary.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v.get("summary")?.get("mode")?.as_str().map(str::to_string)
+}
+
 fn compare_cmd(a: CompareArgs) -> Result<()> {
-    let cfg = config(&a.config, &a.mode)?;
+    // Without --mode, the run's own mode (a mode other than the run's cannot replay it).
+    let mode = a.mode.clone().or_else(|| run_mode(&a.run));
+    let cfg = config(&a.config, &mode)?;
     let (trace, bs) = a.workload.load()?;
     let inputs = read_inputs(&a.run.join("inputs.jsonl"))?;
-    let c = moonagent_validation::compare::compare(&cfg, &trace, bs, &inputs, &a.hardware)?;
+    let c = moonagent_validation::compare::compare(&cfg, &trace, bs, &inputs, &a.hardware)
+        .with_context(|| {
+            format!(
+                "replaying {} in mode {:?} on {} requests: the trace (--trace, or --requests, --rate and --seed), the mode and the config must be the run's",
+                a.run.join("inputs.jsonl").display(),
+                cfg.mode,
+                trace.len()
+            )
+        })?;
     moonagent_validation::compare::write(
         &a.out,
         "simulated vs measured",
@@ -379,6 +415,7 @@ fn all_cmd(a: AllArgs) -> Result<()> {
         cfg.repeats = 1;
         cfg.grid = Grid::quick();
         cfg.holdout = 3;
+        cfg.contention = Some(ContentionPlan::quick());
     }
     let exec = executor(&cpu_config(Mode::B3), 0)?;
     let mut mooncake = |_: &SimConfig, label: &str| -> Result<Box<dyn Store>, MeasureError> {

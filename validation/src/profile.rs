@@ -17,7 +17,7 @@ use moonagent_core::serve::{Flow, WorkerId};
 use moonagent_models::calibrate::{
     calibrate, CalibrationError, CalibrationReport, Group, Residual, Sample,
 };
-use moonagent_models::{CostModel, HardwareProfile, LinkKind, ModelError, ModelSpec};
+use moonagent_models::{CoreWeights, CostModel, HardwareProfile, LinkKind, ModelError, ModelSpec};
 use serde::Serialize;
 
 use crate::backend::link::{LinkError, Sink};
@@ -321,22 +321,31 @@ pub struct Profile {
     pub holdout_residuals: Vec<Residual>,
     /// The base profile's error on the hold-out samples, before fitting.
     pub prior_errors: Vec<OperatorError>,
+    /// How concurrent steps shared the host's cores ([`contention`]), when measured: its
+    /// weights are the profile's `core_weights` when it adopted them.
+    pub contention: Option<ContentionReport>,
 }
 
 /// Fit `base` to `fit_samples` for `spec`, and judge it on `holdout`. `shared_cores`
 /// (a measured fact of the host, not fitted: [`crate::backend::Executor::shared_cores`])
 /// goes into the profile, so the simulator time-shares the steps of a CPU backend's
-/// workers as the host does.
+/// workers as the host does; with a `contention` run whose weights beat equal sharing on
+/// its hold-out mix ([`ContentionReport::adopted`]), by those weights.
 pub fn fit(
     base: &HardwareProfile,
     spec: &ModelSpec,
     fit_samples: &[Sample],
     holdout: &[Sample],
     shared_cores: Option<f64>,
+    contention: Option<ContentionReport>,
 ) -> Result<Profile, ProfileError> {
     let report = calibrate(base, spec, 1, fit_samples)?;
     let mut hardware = report.calibration.apply(base);
     hardware.shared_cores = shared_cores;
+    hardware.core_weights = contention
+        .as_ref()
+        .filter(|c| shared_cores.is_some() && c.adopted)
+        .map(|c| c.weights);
     hardware.name = format!("{}-fitted", base.name);
     hardware.description = format!(
         "{} fitted by `moonagent validate profile` on {} samples for {}",
@@ -349,7 +358,305 @@ pub fn fit(
         holdout_errors: errors(&hardware, spec, 1, holdout)?,
         holdout_residuals: residuals(&hardware, spec, 1, holdout)?,
         prior_errors: errors(base, spec, 1, holdout)?,
+        contention,
         hardware,
         fit: report,
+    })
+}
+
+/// The contention run ([`contention`]): which steps run at once, and for how long.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContentionPlan {
+    /// The mix the weights are fitted on: one encode, one prefill and one decode step,
+    /// each looping on a worker thread of its own.
+    pub fit: [Step; 3],
+    /// A different mix the fitted weights are judged on (any kinds, one thread each).
+    pub holdout: Vec<Step>,
+    /// How long each mix runs (each step also runs alone this long).
+    pub window: std::time::Duration,
+}
+
+impl ContentionPlan {
+    /// Mid-grid shapes of the CPU model, three workers as the CPU clusters have.
+    pub fn cpu_default() -> Self {
+        let encode = |t: Vec<u32>| Step::Encode {
+            contents: (0..t.len() as u64).collect(),
+            tokens: t,
+        };
+        let decode = |batch: u32, ctx: u64| Step::Decode {
+            batch,
+            ctx_sum: u64::from(batch) * ctx,
+            extra: Vec::new(),
+        };
+        ContentionPlan {
+            fit: [
+                encode(vec![256]),
+                Step::Prefill(vec![(256, 256)]),
+                decode(8, 512),
+            ],
+            holdout: vec![
+                encode(vec![128, 128]),
+                Step::Prefill(vec![(512, 0)]),
+                decode(4, 1024),
+            ],
+            window: std::time::Duration::from_millis(2500),
+        }
+    }
+
+    /// Small shapes and short windows, for tests.
+    pub fn quick() -> Self {
+        let mut p = Self::cpu_default();
+        p.window = std::time::Duration::from_millis(600);
+        p
+    }
+}
+
+/// One step of a contention mix.
+#[derive(Debug, Clone, Serialize)]
+pub struct Contended {
+    /// `encode`, `prefill` or `decode`.
+    pub kind: &'static str,
+    /// Median time alone, ns (the same loop, one thread).
+    pub alone_ns: u64,
+    /// Median time while every step of the mix ran at once, ns.
+    pub together_ns: u64,
+    /// Steps timed together.
+    pub together_runs: usize,
+    /// `together_ns / alone_ns`.
+    pub measured_stretch: f64,
+    /// What weighted processor sharing with the fitted weights predicts.
+    pub weighted_stretch: f64,
+    /// What plain (equal-weight) processor sharing predicts.
+    pub equal_stretch: f64,
+}
+
+/// The contention run's result: the fitted weights and how well they predict.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContentionReport {
+    /// Cores the steps share.
+    pub cores: f64,
+    /// Fitted weights (`1 / stretch` of each kind in the fit mix, normalised to decode 1).
+    pub weights: CoreWeights,
+    /// The fit mix (the weighted prediction reproduces it by construction when the
+    /// stretches fill the cores).
+    pub fit: Vec<Contended>,
+    /// The hold-out mix, never used by the fit.
+    pub holdout: Vec<Contended>,
+    /// Mean |predicted - measured| / measured stretch over the hold-out mix, %, with the
+    /// fitted weights.
+    pub weighted_holdout_err_pct: f64,
+    /// The same with equal weights (plain processor sharing).
+    pub equal_holdout_err_pct: f64,
+    /// Whether the weights go into the profile: only when they predict the hold-out mix
+    /// better than equal sharing does (a calibration is judged on data it was not fitted
+    /// on; weights that do not generalise would only add noise to the simulator).
+    pub adopted: bool,
+}
+
+/// Mean absolute % error of the weighted and of the equal-share prediction over `mix`.
+pub fn stretch_errors(mix: &[Contended]) -> (f64, f64) {
+    let err = |pred: fn(&Contended) -> f64| {
+        let n = mix.len().max(1) as f64;
+        mix.iter()
+            .map(|c| 100.0 * (pred(c) - c.measured_stretch).abs() / c.measured_stretch)
+            .sum::<f64>()
+            / n
+    };
+    (err(|c| c.weighted_stretch), err(|c| c.equal_stretch))
+}
+
+fn kind_of(step: &Step) -> usize {
+    match step {
+        Step::Encode { .. } => 0,
+        Step::Prefill(_) => 1,
+        Step::Decode { .. } => 2,
+    }
+}
+
+const KIND_NAMES: [&str; 3] = ["encode", "prefill", "decode"];
+
+/// Run `steps` at once, one looping worker thread each, for `window`: a driver thread
+/// hands each worker its next step when it reports the last one done, as the real
+/// backend's main thread does (so a worker sleeps and wakes between steps as in a run).
+/// Returns each thread's step times (ns) while every thread was busy: its first step
+/// (warm-up) and any step ending after the first thread went idle are dropped. Past the
+/// window the threads go on until each has a step after its warm-up.
+fn co_run(
+    exec: &dyn Executor,
+    steps: &[Step],
+    window: std::time::Duration,
+) -> Result<Vec<Vec<u64>>, ProfileError> {
+    use std::sync::mpsc;
+    type Report = (usize, Result<(Instant, Instant), ExecError>);
+    let n = steps.len();
+    std::thread::scope(|s| -> Result<Vec<Vec<u64>>, ProfileError> {
+        let (done_tx, done_rx) = mpsc::channel::<Report>();
+        let mut go = Vec::with_capacity(n);
+        for (i, step) in steps.iter().enumerate() {
+            let (tx, rx) = mpsc::channel::<()>();
+            go.push(tx);
+            let done = done_tx.clone();
+            s.spawn(move || {
+                for () in rx {
+                    let t0 = Instant::now();
+                    let r = exec.run(i as WorkerId, step).map(|_| (t0, Instant::now()));
+                    if done.send((i, r)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(done_tx);
+        let start = Instant::now();
+        for tx in &go {
+            let _ = tx.send(());
+        }
+        let mut runs: Vec<Vec<(Instant, Instant)>> = vec![Vec::new(); n];
+        let mut first_idle: Option<Instant> = None;
+        let mut busy = n;
+        let mut failed = None;
+        while busy > 0 {
+            let Ok((i, r)) = done_rx.recv() else { break };
+            match r {
+                Ok((t0, t1)) => {
+                    runs[i].push((t0, t1));
+                    // Past the window, every thread still runs until each has timed one
+                    // step after its warm-up.
+                    if failed.is_none()
+                        && first_idle.is_none()
+                        && (t1.duration_since(start) < window || runs.iter().any(|r| r.len() < 2))
+                    {
+                        let _ = go[i].send(());
+                        continue;
+                    }
+                    first_idle.get_or_insert(t1);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+            busy -= 1;
+        }
+        drop(go);
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        let end = first_idle.unwrap_or_else(Instant::now);
+        Ok(runs
+            .into_iter()
+            .map(|v| {
+                v.into_iter()
+                    .skip(1)
+                    .filter(|&(_, t1)| t1 <= end)
+                    .map(|(t0, t1)| (t1.duration_since(t0).as_nanos() as u64).max(1))
+                    .collect()
+            })
+            .collect())
+    })
+}
+
+fn median_u64(mut v: Vec<u64>) -> Option<u64> {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied()
+}
+
+/// The stretch each of `kinds` gets from sharing `cores` by `weights`, all running.
+fn predicted_stretch(cores: f64, weights: [f64; 3], kinds: &[usize]) -> Vec<f64> {
+    let w: Vec<f64> = kinds.iter().map(|&k| weights[k]).collect();
+    let mut rates = Vec::new();
+    moonagent_models::shared_core_rates(cores, &w, &mut rates);
+    rates.into_iter().map(|r| 1.0 / r).collect()
+}
+
+/// Measure how the host's scheduler divides `cores` among concurrent steps of different
+/// kinds, and fit [`CoreWeights`] for the simulator's weighted processor sharing: each
+/// step of `plan.fit` runs alone, then all three at once ([`co_run`]); a kind's weight is
+/// the rate it kept together (`alone / together`), normalised to decode's. The hold-out
+/// mix is measured the same way and predicted with the fitted weights and with equal
+/// ones, so the report says whether the weights help on steps they were not fitted on.
+pub fn contention(
+    plan: &ContentionPlan,
+    exec: &dyn Executor,
+    cores: f64,
+    mut progress: impl FnMut(&str),
+) -> Result<ContentionReport, ProfileError> {
+    let measure_mix = |steps: &[Step],
+                       progress: &mut dyn FnMut(&str)|
+     -> Result<Vec<(usize, u64, u64, usize)>, ProfileError> {
+        let mut alone = Vec::with_capacity(steps.len());
+        for s in steps {
+            let t = co_run(exec, std::slice::from_ref(s), plan.window / 2)?;
+            alone.push(median_u64(t.into_iter().flatten().collect()));
+            progress("contention (alone)");
+        }
+        let together = co_run(exec, steps, plan.window)?;
+        progress("contention (together)");
+        steps
+            .iter()
+            .zip(alone)
+            .zip(together)
+            .map(|((s, a), t)| {
+                let runs = t.len();
+                match (a, median_u64(t)) {
+                    (Some(a), Some(t)) => Ok((kind_of(s), a, t, runs)),
+                    _ => Err(ProfileError::Exec(ExecError {
+                        what: format!(
+                            "contention run: no {} step completed within {:?}; lengthen the window",
+                            KIND_NAMES[kind_of(s)],
+                            plan.window
+                        ),
+                    })),
+                }
+            })
+            .collect()
+    };
+    let mut kinds: Vec<usize> = plan.fit.iter().map(kind_of).collect();
+    kinds.sort_unstable();
+    if kinds != [0, 1, 2] {
+        return Err(ProfileError::Exec(ExecError {
+            what: "contention plan: the fit mix needs one encode, one prefill and one decode step"
+                .into(),
+        }));
+    }
+    let fit = measure_mix(&plan.fit, &mut progress)?;
+    let mut w = [1.0; 3];
+    for &(k, a, t, _) in &fit {
+        w[k] = a as f64 / t as f64;
+    }
+    let d = w[2];
+    let w = w.map(|x| x / d);
+    let weights = CoreWeights {
+        encode: w[0],
+        prefill: w[1],
+        decode: w[2],
+    };
+    let hold = measure_mix(&plan.holdout, &mut progress)?;
+    let describe = |m: Vec<(usize, u64, u64, usize)>| -> Vec<Contended> {
+        let kinds: Vec<usize> = m.iter().map(|x| x.0).collect();
+        let weighted = predicted_stretch(cores, w, &kinds);
+        let equal = predicted_stretch(cores, [1.0; 3], &kinds);
+        m.into_iter()
+            .enumerate()
+            .map(|(i, (k, a, t, runs))| Contended {
+                kind: KIND_NAMES[k],
+                alone_ns: a,
+                together_ns: t,
+                together_runs: runs,
+                measured_stretch: t as f64 / a as f64,
+                weighted_stretch: weighted[i],
+                equal_stretch: equal[i],
+            })
+            .collect()
+    };
+    let holdout = describe(hold);
+    let (weighted_holdout_err_pct, equal_holdout_err_pct) = stretch_errors(&holdout);
+    Ok(ContentionReport {
+        cores,
+        weights,
+        fit: describe(fit),
+        holdout,
+        weighted_holdout_err_pct,
+        equal_holdout_err_pct,
+        adopted: weighted_holdout_err_pct < equal_holdout_err_pct,
     })
 }

@@ -20,7 +20,7 @@ use serde::Serialize;
 use crate::backend::{Executor, RunOptions};
 use crate::compare::{compare, Comparison};
 use crate::measure::{mem_store, run_trace, write_run, MeasureError, RunSummary};
-use crate::profile::{self, Grid, Profile};
+use crate::profile::{self, ContentionPlan, Grid, Profile};
 
 /// The cluster the CPU backend runs: one encoder, one prefill and one decode worker (B0:
 /// one colocated worker), the scaled model, loopback TCP.
@@ -100,6 +100,9 @@ pub struct StudyConfig {
     pub grid: Grid,
     /// Hold-out shapes for the profile's error.
     pub holdout: usize,
+    /// The contention run that fits the shared cores' weights per step kind (when the
+    /// executor's workers share cores); `None` leaves them equal.
+    pub contention: Option<ContentionPlan>,
 }
 
 impl Default for StudyConfig {
@@ -112,6 +115,7 @@ impl Default for StudyConfig {
             seed: 17,
             grid: Grid::cpu_default(),
             holdout: 8,
+            contention: Some(ContentionPlan::cpu_default()),
         }
     }
 }
@@ -216,7 +220,21 @@ pub fn run_study(
         exec.as_ref(),
         |_| {},
     )?;
-    let fitted = profile::fit(&hw0, &spec, &samples, &hold, exec.shared_cores())?;
+    let contention = match (&cfg.contention, exec.shared_cores()) {
+        (Some(plan), Some(cores)) => {
+            say("measuring how concurrent steps share the cores");
+            Some(profile::contention(plan, exec.as_ref(), cores, |_| {})?)
+        }
+        _ => None,
+    };
+    let fitted = profile::fit(
+        &hw0,
+        &spec,
+        &samples,
+        &hold,
+        exec.shared_cores(),
+        contention,
+    )?;
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
     let hw_arg = profile_path.display().to_string();
     let mut capacity = Vec::new();
@@ -344,6 +362,37 @@ pub fn profile_markdown(p: &Profile) -> String {
             pr.map_or("-".into(), |h| format!("{:.1}", h.median_abs_pct)),
         ));
     }
+    if let Some(c) = &p.contention {
+        let w = c.weights;
+        s.push_str(&format!(
+            "\nShared cores ({} cores): steps looping on their own threads, alone and all at once. Fitted weights (the rate each kind kept in the fit mix, decode = 1): encode {:.2}, prefill {:.2}, decode {:.2}. Stretch = time together / time alone; predicted by weighted and by equal processor sharing.\n\n| mix | kind | alone ms | together ms | steps together | measured stretch | weighted | equal |\n|---|---|---|---|---|---|---|---|\n",
+            c.cores, w.encode, w.prefill, w.decode
+        ));
+        for (mix, rows) in [("fit", &c.fit), ("hold-out", &c.holdout)] {
+            for r in rows.iter() {
+                s.push_str(&format!(
+                    "| {mix} | {} | {:.2} | {:.2} | {} | {:.2} | {:.2} | {:.2} |\n",
+                    r.kind,
+                    r.alone_ns as f64 / 1e6,
+                    r.together_ns as f64 / 1e6,
+                    r.together_runs,
+                    r.measured_stretch,
+                    r.weighted_stretch,
+                    r.equal_stretch
+                ));
+            }
+        }
+        s.push_str(&format!(
+            "\nHold-out mean |error| of the stretch: weighted {:.1}%, equal {:.1}%: the weights {}.\n",
+            c.weighted_holdout_err_pct,
+            c.equal_holdout_err_pct,
+            if c.adopted {
+                "predict better and go into the profile"
+            } else {
+                "do not predict better and stay out of the profile (the simulator shares the cores equally)"
+            }
+        ));
+    }
     s
 }
 
@@ -362,7 +411,11 @@ pub fn report(st: &Study) -> String {
         st.cores,
         match (st.workers as usize > st.cores, st.profile.hardware.shared_cores) {
             (true, Some(c)) => format!(
-                ": when more workers are busy than there are cores, steps stretch (up to workers / cores); the fitted profile says the workers share {c} cores, so the simulator time-shares them (processor sharing), where the host's scheduler favours short, often-waking steps (decode) over long ones"
+                ": when more workers are busy than there are cores, steps stretch (up to workers / cores); the fitted profile says the workers share {c} cores, so the simulator time-shares them by processor sharing, {}",
+                match st.profile.hardware.core_weights {
+                    Some(w) => format!("weighted by step kind as measured (encode {:.2}, prefill {:.2}, decode {:.2})", w.encode, w.prefill, w.decode),
+                    None => "every step an equal share (no contention weights adopted)".to_string(),
+                }
             ),
             (true, None) => ": when more workers are busy than there are cores, steps stretch (up to workers / cores) and the simulator, which gives every worker its own device, predicts too fast".to_string(),
             _ => String::new(),

@@ -59,7 +59,7 @@ fn a_measured_run_replays_to_its_decisions_and_the_fitted_simulator_predicts_it_
     let grid = Grid::quick();
     let samples = profile::measure(&grid, exec.as_ref(), |_| {}).unwrap();
     let hold = profile::measure(&grid.holdout(3, 3), exec.as_ref(), |_| {}).unwrap();
-    let fitted = profile::fit(&base, &spec, &samples, &hold, exec.shared_cores()).unwrap();
+    let fitted = profile::fit(&base, &spec, &samples, &hold, exec.shared_cores(), None).unwrap();
     let dir = std::env::temp_dir().join(format!("moonagent-validate-{}", std::process::id()));
     let path = write_profile(&dir, &fitted, &samples, &hold).unwrap();
     let hw = path.display().to_string();

@@ -14,7 +14,9 @@
 
 use moonagent_core::serve::{Action, Done, Engine, EngineConfig, Extra, Flow, Payloads, Pricing};
 use moonagent_core::store::{MemStore, StoreKey};
-use moonagent_models::{CostModel, HardwareProfile, Link, LinkKind, ModelSpec};
+use moonagent_models::{
+    shared_core_rates, CoreWeights, CostModel, HardwareProfile, Link, LinkKind, ModelSpec,
+};
 use moonagent_traces::schema::Request;
 
 use super::config::SimConfig;
@@ -119,58 +121,80 @@ pub fn models_of(cfg: &SimConfig) -> Result<(HardwareProfile, ModelSpec, CostPri
     Ok((hw, spec, CostPricing { cost, link }))
 }
 
-/// Compute steps sharing a host's cores by processor sharing: with `n` steps running on
-/// `cores` cores, each advances at `min(1, cores / n)` of its own speed. The queue holds
-/// one valid step completion at a time, the earliest; completions scheduled before the
-/// rate last changed are stale and skipped.
+/// Compute steps sharing a host's cores by (weighted) processor sharing: with steps of
+/// weights `w_i` running on `cores` cores, each advances at `min(1, λ w_i)` of its own
+/// speed, `λ` chosen so the rates sum to `min(cores, n)` (water-filling; equal weights
+/// give every step `min(1, cores / n)`). The queue holds one valid step completion at a
+/// time, the earliest; completions scheduled before the rates last changed are stale and
+/// skipped.
 #[derive(Debug)]
 struct SharedCores {
     cores: f64,
-    /// `(worker, work left in ns at full speed)`, in start order.
-    running: Vec<(u32, f64)>,
+    /// Weight of each step kind, `[encode, prefill, decode]`.
+    weights: [f64; 3],
+    /// `(worker, work left in ns at full speed, kind)`, in start order.
+    running: Vec<(u32, f64, usize)>,
+    /// The rate of each running step, as of the last change.
+    rates: Vec<f64>,
+    /// The weight of each running step (scratch for [`SharedCores::rerate`]).
+    wts: Vec<f64>,
     /// When `running` was last advanced.
     at: Time,
     /// The completion the queue holds as valid.
     next: Option<(Time, u32)>,
 }
 
+/// Step kinds, the index into [`SharedCores::weights`].
+const K_ENCODE: usize = 0;
+const K_PREFILL: usize = 1;
+const K_DECODE: usize = 2;
+
 impl SharedCores {
-    fn new(cores: f64) -> Self {
+    fn new(cores: f64, weights: [f64; 3]) -> Self {
         Self {
             cores,
+            weights,
             running: Vec::new(),
+            rates: Vec::new(),
+            wts: Vec::new(),
             at: 0,
             next: None,
         }
     }
 
-    fn rate(&self) -> f64 {
-        (self.cores / self.running.len().max(1) as f64).min(1.0)
+    /// Each running step's rate ([`shared_core_rates`]).
+    fn rerate(&mut self) {
+        self.wts.clear();
+        self.wts
+            .extend(self.running.iter().map(|r| self.weights[r.2]));
+        shared_core_rates(self.cores, &self.wts, &mut self.rates);
     }
 
     fn advance(&mut self, now: Time) {
-        let done = now.saturating_sub(self.at) as f64 * self.rate();
-        for r in &mut self.running {
-            r.1 -= done;
+        let dt = now.saturating_sub(self.at) as f64;
+        for (r, rate) in self.running.iter_mut().zip(&self.rates) {
+            r.1 -= dt * rate;
         }
         self.at = now;
     }
 
-    fn start(&mut self, now: Time, worker: u32, ns: u64) {
+    fn start(&mut self, now: Time, worker: u32, ns: u64, kind: usize) {
         self.advance(now);
-        self.running.push((worker, ns as f64));
+        self.running.push((worker, ns as f64, kind));
+        self.rerate();
     }
 
     /// The earliest completion, when it differs from the one the queue holds. Work left is
     /// as of the last advance (`at`), so times count from there, not from `now`.
     fn schedule(&mut self) -> Option<(Time, u32)> {
-        let (rate, at) = (self.rate(), self.at);
+        let at = self.at;
         // Ties go to the step that started first, as the queue orders equal times.
         let next = self
             .running
             .iter()
+            .zip(&self.rates)
             .enumerate()
-            .map(|(i, &(w, left))| (at + (left.max(0.0) / rate).ceil() as u64, i, w))
+            .map(|(i, (&(w, left, _), &rate))| (at + (left.max(0.0) / rate).ceil() as u64, i, w))
             .min()
             .map(|(t, _, w)| (t, w));
         if next == self.next {
@@ -189,6 +213,7 @@ impl SharedCores {
         self.advance(t);
         if let Some(i) = self.running.iter().position(|r| r.0 == worker) {
             self.running.remove(i);
+            self.rerate();
         }
         self.next = None;
         true
@@ -224,7 +249,8 @@ impl<'a> Simulation<'a> {
         let pricing = Box::new(CostPricing { cost, link });
         let engine = Engine::new(ecfg, store, trace, Some(pricing))?;
         let workers = engine.workers() as usize;
-        let cores = hw.shared_cores.map(SharedCores::new);
+        let weights = hw.core_weights.unwrap_or(CoreWeights::EQUAL).as_array();
+        let cores = hw.shared_cores.map(|c| SharedCores::new(c, weights));
         Ok(Self {
             cfg: cfg.clone(),
             trace,
@@ -301,11 +327,11 @@ impl<'a> Simulation<'a> {
                 Action::Encode { worker, tokens, .. } => {
                     let dur = self.cost.encoder_time_ns(&tokens);
                     self.encoder_gpu_ns += dur * u64::from(self.cfg.tp);
-                    self.step(now, worker, dur);
+                    self.step(now, worker, dur, K_ENCODE);
                 }
                 Action::Prefill { worker, chunks, .. } => {
                     let dur = self.cost.prefill_batch_time_ns(&chunks);
-                    self.step(now, worker, dur);
+                    self.step(now, worker, dur, K_PREFILL);
                 }
                 Action::Decode {
                     worker,
@@ -325,7 +351,7 @@ impl<'a> Simulation<'a> {
                                 as u64,
                         };
                     }
-                    self.step(now, worker, dur);
+                    self.step(now, worker, dur, K_DECODE);
                 }
                 Action::Transfer {
                     from,
@@ -377,9 +403,9 @@ impl<'a> Simulation<'a> {
 
     /// A compute step of `dur` ns on `worker` from `now`: on its own device, or on the
     /// shared cores.
-    fn step(&mut self, now: Time, worker: u32, dur: u64) {
+    fn step(&mut self, now: Time, worker: u32, dur: u64, kind: usize) {
         match self.cores.as_mut() {
-            Some(c) => c.start(now, worker, dur),
+            Some(c) => c.start(now, worker, dur, kind),
             None => self.q.push(now + dur, P_STEP, Done::Step(worker)),
         }
     }
@@ -441,18 +467,34 @@ pub fn simulate(
 
 #[cfg(test)]
 mod tests {
-    use super::SharedCores;
+    use super::{SharedCores, K_DECODE, K_ENCODE, K_PREFILL};
 
     /// Run steps `(start, worker, ns)` on `cores` shared cores; their completions in order.
     fn finishes(cores: f64, steps: &[(u64, u32, u64)]) -> Vec<(u64, u32)> {
-        let mut c = SharedCores::new(cores);
+        weighted(
+            cores,
+            [1.0; 3],
+            &steps
+                .iter()
+                .map(|&(t, w, ns)| (t, w, ns, 0))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// Run steps `(start, worker, ns, kind)` on `cores` cores shared by kind `weights`.
+    fn weighted(
+        cores: f64,
+        weights: [f64; 3],
+        steps: &[(u64, u32, u64, usize)],
+    ) -> Vec<(u64, u32)> {
+        let mut c = SharedCores::new(cores, weights);
         let mut out = Vec::new();
         let mut i = 0;
         loop {
             let next = c.next;
             match (steps.get(i), next) {
-                (Some(&(t, w, ns)), n) if n.is_none_or(|(tn, _)| t < tn) => {
-                    c.start(t, w, ns);
+                (Some(&(t, w, ns, k)), n) if n.is_none_or(|(tn, _)| t < tn) => {
+                    c.start(t, w, ns, k);
                     c.schedule();
                     i += 1;
                 }
@@ -494,14 +536,57 @@ mod tests {
 
     #[test]
     fn a_completion_scheduled_before_the_rate_changed_is_stale() {
-        let mut c = SharedCores::new(1.0);
-        c.start(0, 0, 100);
+        let mut c = SharedCores::new(1.0, [1.0; 3]);
+        c.start(0, 0, 100, K_ENCODE);
         assert_eq!(c.schedule(), Some((100, 0)));
-        c.start(10, 1, 100);
+        c.start(10, 1, 100, K_ENCODE);
         // Worker 0 has 90 left at half speed.
         assert_eq!(c.schedule(), Some((190, 0)));
         assert!(!c.finish(100, 0), "the old completion is stale");
         assert_eq!(c.schedule(), None, "nothing changed");
         assert!(c.finish(190, 0));
+    }
+
+    /// Weighted sharing: a step whose weighted share exceeds a core runs at full speed and
+    /// the rest share what is left by weight (water-filling); equal weights are the plain
+    /// rates above.
+    #[test]
+    fn weighted_steps_share_by_weight_and_none_exceeds_a_core() {
+        let w = [1.0, 1.0, 3.0];
+        // E, P, D on two cores: D's share 2 * 3/5 > 1, so D runs alone on one core and E
+        // and P halve the other; after D ends at 100 they have 50 left each, at full speed.
+        assert_eq!(
+            weighted(
+                2.0,
+                w,
+                &[
+                    (0, 0, 100, K_ENCODE),
+                    (0, 1, 100, K_PREFILL),
+                    (0, 2, 100, K_DECODE)
+                ]
+            ),
+            vec![(100, 2), (150, 0), (150, 1)]
+        );
+        // E and D on one core: rates 1/4 and 3/4; D ends at ceil(100 / 0.75) = 134, when E
+        // has 100 - 134 / 4 = 66.5 left, alone: ends at 134 + 67 = 201.
+        assert_eq!(
+            weighted(1.0, w, &[(0, 0, 100, K_ENCODE), (0, 1, 100, K_DECODE)]),
+            vec![(134, 1), (201, 0)]
+        );
+        // Weights are relative: scaling them changes nothing.
+        let steps = [
+            (0, 0, 300, K_ENCODE),
+            (5, 1, 70, K_DECODE),
+            (9, 2, 200, K_PREFILL),
+        ];
+        assert_eq!(
+            weighted(2.0, w, &steps),
+            weighted(2.0, w.map(|x| x * 7.5), &steps)
+        );
+        // Equal weights of any size are plain processor sharing.
+        assert_eq!(
+            weighted(2.0, [4.0; 3], &steps),
+            finishes(2.0, &steps.map(|(t, w, ns, _)| (t, w, ns)))
+        );
     }
 }
