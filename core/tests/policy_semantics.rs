@@ -7,7 +7,7 @@ mod common;
 
 use common::{meta, Table};
 use moonagent_core::store::policies::{
-    Belady, BeladyCost, Fifo, Gdsf, Lru, S3Fifo, S3FifoConfig, Sieve,
+    Belady, BeladyCost, Fifo, Gdsf, Lru, S3Fifo, S3FifoConfig, Sieve, WTinyLfu, WTinyLfuConfig,
 };
 use moonagent_core::store::{
     AccessHints, Candidate, DataType, EvictionPolicy, MooncakeDefault, ObjId, ObjectMeta,
@@ -333,4 +333,260 @@ fn s3fifo_evicts_from_main_only_when_main_holds_more_than_its_share() {
             50 + m2
         );
     }
+}
+
+// ---------------------------------------------------------------- w-tinylfu
+
+fn wtinylfu(window_ratio: f64, capacity: u64) -> WTinyLfu {
+    let mut p = WTinyLfu::new(&WTinyLfuConfig {
+        window_ratio,
+        ..WTinyLfuConfig::default()
+    })
+    .unwrap();
+    p.on_capacity(capacity);
+    p
+}
+
+/// Count `key_hash` once in the sketch (an insert, then a user remove).
+fn count_once(p: &mut WTinyLfu, t: &mut Table, key_hash: u64) {
+    let mut m = meta(1, GEN, 0);
+    m.key_hash = key_hash;
+    let id = t.insert(p, m);
+    t.remove(p, id);
+}
+
+const K: u64 = 0x5EED_0001;
+const J: u64 = 0x5EED_0002;
+
+/// The key hash `Table::insert` gives its `seq`-th object.
+fn table_hash(seq: u64) -> u64 {
+    0x9E37_79B9_7F4A_7C15 ^ seq
+}
+
+#[test]
+fn wtinylfu_check_rejects_a_live_object_it_never_saw() {
+    let mut p = wtinylfu(0.1, 10);
+    let mut t = Table::new(10);
+    t.insert(&mut p, meta(1, GEN, 0));
+    p.check(&t.metas).unwrap();
+    sneak_in(&mut t);
+    assert!(p.check(&t.metas).is_err());
+}
+
+#[test]
+fn wtinylfu_sketch_counter_saturates_at_15() {
+    let mut p = wtinylfu(0.1, 16); // sample 160: no aging here
+    let mut t = Table::new(16);
+    for _ in 0..20 {
+        count_once(&mut p, &mut t, K);
+    }
+    assert_eq!(p.estimate(K), 15);
+}
+
+#[test]
+fn wtinylfu_sketch_halves_every_ten_times_its_width_of_increments() {
+    // Width 16: every counter halves at the 160th increment, and the count restarts at
+    // half the sample (80), so the next halving comes 80 increments later.
+    let mut p = wtinylfu(0.1, 16);
+    let mut t = Table::new(16);
+    for _ in 0..10 {
+        count_once(&mut p, &mut t, K);
+    }
+    for _ in 0..149 {
+        count_once(&mut p, &mut t, J);
+    }
+    assert_eq!(p.estimate(K), 10);
+    count_once(&mut p, &mut t, J); // the 160th
+    assert_eq!(p.estimate(K), 5);
+    count_once(&mut p, &mut t, J);
+    assert_eq!(p.estimate(K), 5);
+    for _ in 0..78 {
+        count_once(&mut p, &mut t, J);
+    }
+    assert_eq!(p.estimate(K), 5);
+    count_once(&mut p, &mut t, J); // 80 since the halving
+    assert_eq!(p.estimate(K), 2);
+}
+
+#[test]
+fn wtinylfu_sketch_of_width_16_has_64_well_spread_counters() {
+    // Count-min with 4 rows over 4 x 16 = 64 four-bit counters, hashed uniformly: after n
+    // distinct keys a fresh key reads non-zero with probability about (1 - e^(-4n/64))^4:
+    // 2.4% for n = 8, 93% for n = 64. Out of 100 fresh keys, allow a wide margin.
+    let fresh_non_zero = |n: u64| {
+        let mut p = wtinylfu(0.1, 16);
+        let mut t = Table::new(16);
+        for s in 1..=n {
+            count_once(&mut p, &mut t, table_hash(s));
+        }
+        (1000..1100)
+            .filter(|&s| p.estimate(table_hash(s)) > 0)
+            .count()
+    };
+    let light = fresh_non_zero(8);
+    assert!(
+        light <= 10,
+        "{light} of 100 fresh keys read non-zero after 8 keys"
+    );
+    let loaded = fresh_non_zero(64);
+    assert!(
+        loaded >= 70,
+        "{loaded} of 100 fresh keys read non-zero after 64 keys"
+    );
+}
+
+#[test]
+fn wtinylfu_sketch_is_created_at_the_first_run_when_no_capacity_was_announced() {
+    let mut p = WTinyLfu::new(&WTinyLfuConfig::default()).unwrap();
+    let mut t = Table::new(100);
+    let mut out = Vec::new();
+    p.select_victims(&t.req(MS, 1, 1), &t.metas, &mut out);
+    assert!(out.is_empty());
+    for _ in 0..3 {
+        count_once(&mut p, &mut t, K);
+    }
+    assert_eq!(p.estimate(K), 3);
+}
+
+#[test]
+fn wtinylfu_sketch_is_rebuilt_only_when_the_store_holds_more_than_twice_its_width() {
+    let mut p = wtinylfu(0.1, 3); // sized for 3 objects
+    let mut t = Table::new(3);
+    let mut k = meta(1, GEN, 0);
+    k.key_hash = K;
+    t.insert(&mut p, k);
+    for _ in 0..5 {
+        t.insert(&mut p, meta(1, GEN, 0));
+    }
+    // 6 objects: twice the width, not more. A run with nothing to evict keeps the counts.
+    assert_eq!(t.evict(&mut p, &t.req(MS, 0, 0)), Vec::<u32>::new());
+    assert!(p.estimate(K) >= 1);
+    t.insert(&mut p, meta(1, GEN, 0));
+    // 7: the sketch is rebuilt, cleared.
+    assert_eq!(t.evict(&mut p, &t.req(MS, 0, 0)), Vec::<u32>::new());
+    assert_eq!(p.estimate(K), 0);
+}
+
+/// After `churn` (which must leave the live count where it was), a run must not rebuild
+/// the sketch: `K`, inserted once and leased, keeps its count.
+fn wtinylfu_churn_keeps_the_sketch(churn: impl Fn(&mut WTinyLfu, &mut Table)) {
+    let mut p = wtinylfu(0.1, 10); // rebuilt above 20 live objects
+    let mut t = Table::new(10);
+    let mut k = meta(1, GEN, u64::MAX);
+    k.key_hash = K;
+    t.insert(&mut p, k);
+    for _ in 0..25 {
+        churn(&mut p, &mut t);
+    }
+    assert_eq!(t.evict(&mut p, &t.req(MS, 0, 0)), Vec::<u32>::new());
+    assert!(p.estimate(K) >= 1);
+    p.check(&t.metas).unwrap();
+}
+
+#[test]
+fn wtinylfu_live_count_follows_user_removes() {
+    wtinylfu_churn_keeps_the_sketch(|p, t| count_once(p, t, J));
+}
+
+#[test]
+fn wtinylfu_live_count_follows_slot_reuse_without_remove() {
+    wtinylfu_churn_keeps_the_sketch(|p, t| {
+        // Slot 1 put again and again, `on_remove` never called (the defensive path).
+        let mut m = meta(1, GEN, 0);
+        m.insert_seq = 2;
+        m.last_access_seq = 2;
+        m.key_hash = J;
+        if t.metas.len() < 2 {
+            t.metas.push(m.clone());
+        }
+        p.on_insert(ObjId(1), &m);
+    });
+}
+
+#[test]
+fn wtinylfu_live_count_follows_evictions() {
+    wtinylfu_churn_keeps_the_sketch(|p, t| {
+        let x = t.insert(p, meta(1, GEN, 0));
+        assert_eq!(t.evict(p, &t.req(MS, 1, 1)), [x.0]);
+    });
+}
+
+#[test]
+fn wtinylfu_live_count_follows_soft_pinned_evictions() {
+    wtinylfu_churn_keeps_the_sketch(|p, t| {
+        let x = t.insert(p, soft(meta(1, GEN, 0)));
+        assert_eq!(t.evict(p, &t.req(MS, 0, 1)), [x.0]);
+    });
+}
+
+#[test]
+fn wtinylfu_capacity_comes_from_the_first_run_when_never_announced() {
+    // Capacity 10, window 10%: main has room for all three, which move to probation.
+    let mut p = WTinyLfu::new(&WTinyLfuConfig {
+        window_ratio: 0.1,
+        ..WTinyLfuConfig::default()
+    })
+    .unwrap();
+    let mut t = Table::new(10);
+    let x: Vec<ObjId> = (0..3).map(|_| t.insert(&mut p, meta(1, GEN, 0))).collect();
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [x[0].0]);
+    assert_eq!(p.dump(), [vec![], vec![x[2], x[1]], vec![]]);
+}
+
+#[test]
+fn wtinylfu_main_takes_only_its_share_beside_the_window() {
+    // Capacity 10, window 50%: main holds 5 bytes, the window the rest.
+    let mut p = wtinylfu(0.5, 10);
+    let mut t = Table::new(10);
+    let x: Vec<ObjId> = (0..7).map(|_| t.insert(&mut p, meta(1, GEN, 0))).collect();
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)).len(), 1);
+    let d = p.dump();
+    assert_eq!(d[0], [x[6]]);
+    assert_eq!(d[1].len(), 5);
+}
+
+#[test]
+fn wtinylfu_window_hit_moves_to_the_window_head() {
+    let mut p = wtinylfu(0.5, 10);
+    let mut t = Table::new(10);
+    let a = t.insert(&mut p, meta(1, GEN, 0));
+    let b = t.insert(&mut p, meta(1, GEN, 0));
+    assert_eq!(p.dump()[0], [b, a]);
+    t.access(&mut p, a, MS, MS);
+    assert_eq!(p.dump()[0], [a, b]);
+}
+
+#[test]
+fn wtinylfu_protected_holds_80_percent_of_main_and_demotes_its_oldest() {
+    // Capacity 10, window 10%: main 9 bytes, protected floor(0.8 * 9) = 7.
+    let mut p = wtinylfu(0.1, 10);
+    let mut t = Table::new(10);
+    let x: Vec<ObjId> = (0..10).map(|_| t.insert(&mut p, meta(1, GEN, 0))).collect();
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [x[9].0]);
+    for &id in &x[..7] {
+        t.access(&mut p, id, MS, MS);
+    }
+    let d = p.dump();
+    assert_eq!(d[2], x[..7].iter().rev().copied().collect::<Vec<_>>());
+    assert_eq!(d[1], [x[8], x[7]]);
+    // The eighth promotion overflows: protected's oldest, x0, goes to probation's head.
+    t.access(&mut p, x[7], MS, MS);
+    let d = p.dump();
+    assert_eq!(d[2], x[1..8].iter().rev().copied().collect::<Vec<_>>());
+    assert_eq!(d[1], [x[0], x[8]]);
+    // A hit in protected moves to its head.
+    t.access(&mut p, x[3], MS, MS);
+    assert_eq!(p.dump()[2], [x[3], x[7], x[6], x[5], x[4], x[2], x[1]]);
+    p.check(&t.metas).unwrap();
+}
+
+#[test]
+fn wtinylfu_takes_a_soft_pinned_object_once_however_often_the_walks_meet_it() {
+    let mut p = wtinylfu(0.0, 10);
+    let mut t = Table::new(10);
+    let s = t.insert(&mut p, soft(meta(1, GEN, 0)));
+    let u = t.insert(&mut p, meta(1, GEN, 0));
+    let mut out = Vec::new();
+    p.select_victims(&t.req(MS, 1, 3), &t.metas, &mut out);
+    assert_eq!(out, [u, s]);
 }
