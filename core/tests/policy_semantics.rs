@@ -7,7 +7,8 @@ mod common;
 
 use common::{meta, Table};
 use moonagent_core::store::policies::{
-    Belady, BeladyCost, Fifo, Gdsf, Lru, S3Fifo, S3FifoConfig, Sieve, WTinyLfu, WTinyLfuConfig,
+    Assign, Belady, BeladyCost, Fifo, Gdsf, Hierarchical, HierarchicalConfig, LeafRule, Lru,
+    S3Fifo, S3FifoConfig, ScopeConfig, Selector, Sieve, TypeKnobsByType, WTinyLfu, WTinyLfuConfig,
 };
 use moonagent_core::store::{
     AccessHints, Candidate, DataType, EvictionPolicy, MooncakeDefault, ObjId, ObjectMeta,
@@ -589,4 +590,256 @@ fn wtinylfu_takes_a_soft_pinned_object_once_however_often_the_walks_meet_it() {
     let mut out = Vec::new();
     p.select_victims(&t.req(MS, 1, 3), &t.metas, &mut out);
     assert_eq!(out, [u, s]);
+}
+
+// ---------------------------------------------------------------- hierarchical
+
+fn hierarchical(tree: ScopeConfig) -> Hierarchical {
+    Hierarchical::new(&HierarchicalConfig { tree }).expect("valid tree")
+}
+
+fn scope(select: Selector) -> ScopeConfig {
+    ScopeConfig {
+        select,
+        ..ScopeConfig::default()
+    }
+}
+
+/// An object of `tenant` with `size` bytes (general data, lease expired at 0).
+fn tenant_obj(tenant: u32, size: u64) -> ObjectMeta {
+    let mut m = meta(size, GEN, 0);
+    m.hints.tenant = tenant;
+    m
+}
+
+fn tenant_cost(tenant: u32, penalty: u64) -> ObjectMeta {
+    let mut m = tenant_obj(tenant, 1);
+    m.hints.miss_penalty_ns = penalty;
+    m
+}
+
+#[test]
+fn hierarchical_rejects_empty_selector_lists_of_every_kind() {
+    for select in [
+        Selector::Tenants(vec![]),
+        Selector::DataTypes(vec![]),
+        Selector::Priorities(vec![]),
+    ] {
+        let tree = ScopeConfig {
+            children: vec![scope(select.clone())],
+            ..ScopeConfig::default()
+        };
+        let err = Hierarchical::new(&HierarchicalConfig { tree }).unwrap_err();
+        assert!(
+            err.to_string().contains("tree.children[0].select"),
+            "{select:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn hierarchical_weight_defaults_to_one() {
+    let PolicyConfig::Hierarchical(c) = PolicyConfig::from_toml_str(
+        "policy = \"hierarchical\"\n[tree]\nassign = \"weights\"\n\
+         [[tree.children]]\nselect = { tenant = 1 }\n",
+    )
+    .unwrap() else {
+        panic!("not hierarchical")
+    };
+    assert_eq!(c.tree.weight, 1.0);
+    assert_eq!(c.tree.children[0].weight, 1.0);
+}
+
+#[test]
+fn hierarchical_gdsf_clock_rises_to_the_largest_priority_evicted_in_any_leaf() {
+    // Two GDSF leaves (tenant 1 and the root's `<rest>`), all to the first, then fallback.
+    let mut p = hierarchical(ScopeConfig {
+        assign: Assign::Order,
+        evict: LeafRule::Gdsf {},
+        children: vec![ScopeConfig {
+            evict: LeafRule::Gdsf {},
+            ..scope(Selector::Tenant(1))
+        }],
+        ..ScopeConfig::default()
+    });
+    let mut t = Table::new(100);
+    t.insert(&mut p, tenant_cost(1, 10)); // 0: H = 10
+    t.insert(&mut p, tenant_cost(0, 2)); // 1: H = 2
+    t.insert(&mut p, tenant_cost(0, 6)); // 2: H = 6
+                                         // Tenant 1's only object, then the shortfall from `<rest>`: its lowest, 1.
+    assert_eq!(t.evict(&mut p, &t.req(MS, 2, 2)), [0, 1]);
+    // The clock is now 10 (not 2, the last one evicted): a newcomer of value 1 has H = 11,
+    // above 2's H = 6 set at its insertion.
+    t.insert(&mut p, tenant_cost(0, 1));
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [2]);
+}
+
+#[test]
+fn hierarchical_gdsf_read_raises_the_priority() {
+    let mut p = hierarchical(ScopeConfig {
+        evict: LeafRule::Gdsf {},
+        ..ScopeConfig::default()
+    });
+    let mut t = Table::new(100);
+    let a = t.insert(&mut p, tenant_cost(0, 10)); // H = 10
+    let b = t.insert(&mut p, tenant_cost(0, 5)); // H = 5 ...
+    t.access(&mut p, b, MS, MS);
+    t.access(&mut p, b, MS, MS); // ... read twice: 3 * 5 = 15
+    assert_eq!(t.evict(&mut p, &t.req(MS, 1, 1)), [a.0]);
+}
+
+#[test]
+fn hierarchical_type_aware_leaf_weighs_only_soft_pinned_objects() {
+    let mut types = TypeKnobsByType::default();
+    types.encoder_output.soft_pin_weight = 2.0;
+    let mut p = hierarchical(ScopeConfig {
+        evict: LeafRule::TypeAware { types },
+        ..ScopeConfig::default()
+    });
+    let mut t = Table::new(100);
+    let eo = t.insert(&mut p, meta(1, DataType::EncoderOutput, 100 * MS)); // age 100 ms
+    let kv = t.insert(&mut p, meta(1, DataType::KvCache, 50 * MS)); // age 150 ms
+    assert_eq!(t.evict(&mut p, &t.req(200 * MS, 1, 1)), [kv.0]);
+    assert_eq!(t.evict(&mut p, &t.req(200 * MS, 1, 1)), [eo.0]);
+}
+
+#[test]
+fn hierarchical_second_over_budget_child_gets_only_the_rest_of_the_quota() {
+    let over = |tenant: u32| ScopeConfig {
+        weight: 0.0,
+        budget_ratio: Some(0.02), // 2 bytes of 100
+        ..scope(Selector::Tenant(tenant))
+    };
+    let mut p = hierarchical(ScopeConfig {
+        assign: Assign::Weights,
+        children: vec![over(1), over(2)],
+        ..ScopeConfig::default()
+    });
+    let mut t = Table::new(100);
+    for _ in 0..4 {
+        t.insert(&mut p, tenant_obj(1, 1)); // 0..=3: 2 bytes over
+    }
+    for _ in 0..5 {
+        t.insert(&mut p, tenant_obj(2, 1)); // 4..=8: 3 bytes over, goes first
+    }
+    for _ in 0..2 {
+        t.insert(&mut p, tenant_obj(0, 1)); // 9, 10
+    }
+    assert_eq!(t.evict(&mut p, &t.req(MS, 4, 4)), [4, 5, 6, 0]);
+}
+
+#[test]
+fn hierarchical_split_by_objects_counts_what_the_budget_pass_took() {
+    let mut p = hierarchical(ScopeConfig {
+        assign: Assign::Objects,
+        children: vec![ScopeConfig {
+            budget_ratio: Some(0.03), // 3 bytes of 100
+            ..scope(Selector::Tenant(1))
+        }],
+        ..ScopeConfig::default()
+    });
+    let mut t = Table::new(100);
+    for _ in 0..5 {
+        t.insert(&mut p, tenant_obj(1, 1)); // 0..=4: 2 bytes over
+    }
+    for _ in 0..3 {
+        t.insert(&mut p, tenant_obj(0, 1)); // 5..=7
+    }
+    // Budget: 0, 1. Then 4 split 3 : 3 by resident objects: 2 each.
+    assert_eq!(t.evict(&mut p, &t.req(MS, 6, 6)), [0, 1, 2, 3, 5, 6]);
+}
+
+#[test]
+fn hierarchical_fallback_passes_an_exhausted_childs_share_on() {
+    let mut p = hierarchical(ScopeConfig {
+        assign: Assign::Order,
+        children: vec![scope(Selector::Tenant(1))],
+        ..ScopeConfig::default()
+    });
+    let mut t = Table::new(100);
+    t.insert(&mut p, tenant_obj(1, 1));
+    t.insert(&mut p, tenant_obj(0, 1));
+    t.insert(&mut p, tenant_obj(0, 1));
+    assert_eq!(t.evict(&mut p, &t.req(MS, 2, 2)), [0, 1]);
+}
+
+/// Root (`weights`) -> inner scope tenant 1 (weight 0, `budget_ratio`, children: an empty
+/// `kv_cache` leaf and `<rest>`) and the root's `<rest>`. Tenant 1 holds objects of `sizes`
+/// (ids 0.., in lease order), the root's `<rest>` three 1-byte objects after them. With
+/// weight 0, tenant 1 gives victims only through its budget rounds; the rest of the quota
+/// comes from the root's `<rest>`.
+fn inner_budget_victims(budget_ratio: f64, sizes: &[u64], quota: u64) -> Vec<u32> {
+    let mut p = hierarchical(ScopeConfig {
+        assign: Assign::Weights,
+        children: vec![ScopeConfig {
+            weight: 0.0,
+            budget_ratio: Some(budget_ratio),
+            children: vec![scope(Selector::DataType(DataType::KvCache))],
+            ..scope(Selector::Tenant(1))
+        }],
+        ..ScopeConfig::default()
+    });
+    let mut t = Table::new(100);
+    for &s in sizes {
+        t.insert(&mut p, tenant_obj(1, s));
+    }
+    for _ in 0..3 {
+        t.insert(&mut p, tenant_obj(0, 1));
+    }
+    t.evict(&mut p, &t.req(MS, quota, quota))
+}
+
+#[test]
+fn hierarchical_inner_budget_rounds_stop_once_the_excess_is_freed() {
+    // 4 bytes, budget 2: mean size 1, one round of 2 frees exactly the excess.
+    assert_eq!(inner_budget_victims(0.02, &[1, 1, 1, 1], 3), [0, 1, 4]);
+}
+
+#[test]
+fn hierarchical_inner_budget_round_is_excess_over_mean_candidate_size() {
+    // 5 bytes in 3, budget 3: mean floor(5 / 3) = 1, so a round of 2 (3 + 1 bytes,
+    // overshooting the 2-byte excess).
+    assert_eq!(inner_budget_victims(0.03, &[3, 1, 1], 3), [0, 1, 3]);
+}
+
+#[test]
+fn hierarchical_inner_budget_next_round_covers_only_what_is_still_over() {
+    // 6 bytes in 3, budget 4: mean 2, a round of ceil(2 / 2) = 1 frees 1 byte; then mean
+    // floor(5 / 2) = 2, a round of ceil(1 / 2) = 1.
+    assert_eq!(inner_budget_victims(0.04, &[1, 1, 4], 3), [0, 1, 3]);
+}
+
+#[test]
+fn hierarchical_inner_budget_rounds_never_exceed_the_quota() {
+    // 25 bytes in 5, budget 15: mean 5, a round of 2 frees 2 of 10 bytes; the next would
+    // be ceil(8 / 7) = 2, but only 1 is left of the quota of 3.
+    assert_eq!(inner_budget_victims(0.15, &[1, 1, 1, 2, 20], 3), [0, 1, 2]);
+}
+
+#[test]
+fn hierarchical_inner_scope_counts_the_bytes_its_own_budget_pass_freed() {
+    // Tenant 1 (budget 1 byte, weight 0) holds leaf Y (budget 1 byte) with 3 objects:
+    // Y's budget pass frees 2 bytes, which is also tenant 1's excess, so tenant 1 gives
+    // no more; the root's `<rest>` gives the third victim.
+    let mut p = hierarchical(ScopeConfig {
+        assign: Assign::Weights,
+        children: vec![ScopeConfig {
+            weight: 0.0,
+            budget_ratio: Some(0.01),
+            children: vec![ScopeConfig {
+                budget_ratio: Some(0.01),
+                ..scope(Selector::DataType(GEN))
+            }],
+            ..scope(Selector::Tenant(1))
+        }],
+        ..ScopeConfig::default()
+    });
+    let mut t = Table::new(100);
+    for _ in 0..3 {
+        t.insert(&mut p, tenant_obj(1, 1)); // 0..=2
+    }
+    for _ in 0..3 {
+        t.insert(&mut p, tenant_obj(0, 1)); // 3..=5
+    }
+    assert_eq!(t.evict(&mut p, &t.req(MS, 3, 3)), [0, 1, 3]);
 }
