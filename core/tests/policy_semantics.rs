@@ -810,6 +810,16 @@ fn hierarchical_inner_budget_next_round_covers_only_what_is_still_over() {
 }
 
 #[test]
+fn hierarchical_inner_budget_mean_is_over_the_candidates_left() {
+    // 18 bytes in 6, budget 9: mean 3, a round of 3 frees 3 bytes; the 3 left hold 15
+    // bytes, mean 5, so the next round is ceil(6 / 5) = 2 (10 + 1 bytes).
+    assert_eq!(
+        inner_budget_victims(0.09, &[1, 1, 1, 10, 1, 4], 5),
+        [0, 1, 2, 3, 4]
+    );
+}
+
+#[test]
 fn hierarchical_inner_budget_rounds_never_exceed_the_quota() {
     // 25 bytes in 5, budget 15: mean 5, a round of 2 frees 2 of 10 bytes; the next would
     // be ceil(8 / 7) = 2, but only 1 is left of the quota of 3.
