@@ -425,3 +425,42 @@ pub(crate) fn check_queue(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{AccessHints, DataType};
+
+    /// A live, complete object put `seq`-th.
+    pub(crate) fn live(size: u64, seq: u64) -> ObjectMeta {
+        ObjectMeta {
+            live: true,
+            size,
+            data_type: DataType::General,
+            hard_pinned: false,
+            soft_pin_until: None,
+            lease_timeout: 0,
+            complete: true,
+            readers: 0,
+            put_time: 0,
+            insert_seq: seq,
+            last_access: 0,
+            last_access_seq: seq,
+            access_count: 0,
+            hints: AccessHints::default(),
+            key_hash: seq,
+        }
+    }
+
+    #[test]
+    fn check_queue_rejects_a_tail_that_is_not_the_oldest_slot() {
+        let mut links = Links::default();
+        let mut q = Queue::new(1);
+        q.push_head(&mut links, ObjId(0), 0);
+        let objects = [live(1, 1)];
+        assert!(check_queue(&q, &links, &objects, |m| m.insert_seq).is_ok());
+        // Same length, same slots, but the tail no longer names the last slot walked.
+        q.tail = NIL;
+        assert!(check_queue(&q, &links, &objects, |m| m.insert_seq).is_err());
+    }
+}

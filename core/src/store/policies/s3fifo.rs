@@ -480,3 +480,21 @@ impl EvictionPolicy for S3Fifo {
         self.soft = soft;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::policies::tests::live;
+
+    #[test]
+    fn check_rejects_queue_bytes_that_disagree_with_the_sizes() {
+        let mut p = S3Fifo::new(&S3FifoConfig::default()).unwrap();
+        let m = live(10, 1);
+        p.on_insert(ObjId(0), &m);
+        let objects = [m];
+        p.check(&objects).unwrap();
+        // Same length, same slots, but the byte count is off.
+        p.small.bytes += 1;
+        assert!(p.check(&objects).is_err());
+    }
+}
