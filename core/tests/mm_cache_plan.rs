@@ -234,6 +234,104 @@ fn encoder_failure_and_bad_input_are_errors() {
     assert!(matches!(r, Err(CacheError::InvalidInput(_))));
 }
 
+fn toy_encoded(plan: &moonagent_core::mm_cache::Plan) -> Vec<Vec<u8>> {
+    plan.jobs
+        .iter()
+        .map(|j| {
+            let mut v = vec![0u8; j.byte_len as usize];
+            toy_embedding(&j.fp, &mut v);
+            v
+        })
+        .collect()
+}
+
+fn emb(i: &ImageInput, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    toy_embedding(&i.fp, &mut v);
+    v
+}
+
+#[test]
+fn take_outputs_hands_over_each_requests_embedding_and_completion_is_flagged() {
+    let ctx = ctx(); // merge 2, hidden 4, bf16: 8 bytes per token
+    let mut c = MmCache::new(store());
+    let (a, b) = (img(1, 1, 2, 2), img(2, 1, 4, 2)); // 1 and 2 tokens: 8 and 16 bytes
+    let mut plan = c
+        .plan_batch(0, &ctx, &[&[a], &[b, a]], PlanMode::Bytes)
+        .expect("plan");
+    assert!(!plan.is_complete(), "planned, not completed");
+    let encoded = toy_encoded(&plan);
+    c.complete(0, &ctx, &mut plan, &encoded).expect("complete");
+    assert!(plan.is_complete());
+    let want = vec![emb(&a, 8), [emb(&b, 16), emb(&a, 8)].concat()];
+    assert_eq!(plan.take_outputs(), want);
+    // Taken: nothing is left behind.
+    assert_eq!(plan.output(0), None);
+    assert!(plan.take_outputs().is_empty());
+}
+
+#[test]
+fn a_zero_token_image_and_its_duplicate_complete_with_empty_embeddings() {
+    // t = 0 frames: zero patches, zero tokens, zero bytes; the duplicate copies the empty
+    // range [0, 0) of a 0-byte output, which is in range.
+    let ctx = ctx();
+    let mut c = MmCache::new(store());
+    let z = img(9, 0, 2, 2);
+    let plan = c.run_request(0, &ctx, &[z, z], toy_encoder).expect("run");
+    assert_eq!(plan.duplicates(), 1);
+    assert_eq!(plan.output(0), Some(&[][..]));
+    // After a real image the first occurrence's empty range ends at the output's end.
+    let a = img(1, 1, 2, 2);
+    let plan = c
+        .run_request(MS, &ctx, &[a, z, z], toy_encoder)
+        .expect("run");
+    assert_eq!(plan.segments[2].source, SegmentSource::Duplicate { of: 1 });
+    assert_eq!(plan.output(0), Some(emb(&a, 8).as_slice()));
+}
+
+#[test]
+fn a_duplicate_whose_first_occurrence_ends_the_output_is_filled() {
+    // The plan's segments are public: a driver may lay the two copies of `a` out the
+    // other way round. The first occurrence then ends exactly at the end of the output
+    // (in range), and the duplicate at the front is filled from it.
+    let ctx = ctx();
+    let mut c = MmCache::new(store());
+    let a = img(1, 1, 2, 2); // 8 bytes
+    let mut plan = c
+        .plan_request(0, &ctx, &[a, a], PlanMode::Bytes)
+        .expect("plan");
+    assert_eq!(plan.segments[1].source, SegmentSource::Duplicate { of: 0 });
+    plan.segments[0].byte_offset = 8;
+    plan.segments[1].byte_offset = 0;
+    let encoded = toy_encoded(&plan);
+    c.complete(0, &ctx, &mut plan, &encoded).expect("complete");
+    assert_eq!(
+        plan.output(0),
+        Some([emb(&a, 8), emb(&a, 8)].concat().as_slice())
+    );
+}
+
+#[test]
+fn a_duplicate_edited_out_of_its_output_is_an_error_not_a_panic() {
+    let ctx = ctx();
+    let mut c = MmCache::new(store());
+    let a = img(1, 1, 2, 2); // 8 bytes; the output is 16
+    for offset in [9, 16, 1000] {
+        let mut plan = c
+            .plan_request(0, &ctx, &[a, a], PlanMode::Bytes)
+            .expect("plan");
+        assert_eq!(plan.segments[1].source, SegmentSource::Duplicate { of: 0 });
+        // The source [0, 8) is in range; the destination [offset, offset + 8) is not.
+        plan.segments[1].byte_offset = offset;
+        let encoded = toy_encoded(&plan);
+        let r = c.complete(0, &ctx, &mut plan, &encoded);
+        assert!(
+            matches!(r, Err(CacheError::InvalidInput(_))),
+            "{offset}: {r:?}"
+        );
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
 

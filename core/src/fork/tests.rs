@@ -543,3 +543,119 @@ fn scheduler_forks_while_completion_threads_release() {
     assert_eq!(free(&p), 256);
     check(&p);
 }
+
+// ---- outcomes, counters and predicates (mutation survivors) ------------------------------
+
+#[test]
+fn truncate_reports_pages_dropped_and_of_those_freed() {
+    let p = pool(16, TailPolicy::CopyAtFork);
+    // A private 3-page sequence cut to 5 tokens keeps pages_for(5) = 2 pages: the third
+    // is dropped and, held by no other table, freed.
+    let private = p.allocate(3 * u64::from(BS)).unwrap();
+    assert_eq!(
+        p.truncate(private, 5).unwrap(),
+        TruncateOutcome {
+            pages_dropped: 1,
+            pages_freed: 1
+        }
+    );
+    // A page-aligned 3-page parent forked 2 ways: every page is held by both tables.
+    let parent = p.allocate(3 * u64::from(BS)).unwrap();
+    let branch = p.fork(parent, 2).unwrap().branches[1];
+    // Rolling the branch back to nothing drops its 3 pages; the parent still holds them.
+    assert_eq!(
+        p.truncate(branch, 0).unwrap(),
+        TruncateOutcome {
+            pages_dropped: 3,
+            pages_freed: 0
+        }
+    );
+    // Now the parent holds them alone: cutting it to one page frees the other two.
+    assert_eq!(
+        p.truncate(parent, u64::from(BS)).unwrap(),
+        TruncateOutcome {
+            pages_dropped: 2,
+            pages_freed: 2
+        }
+    );
+    check(&p);
+}
+
+#[test]
+fn truncate_with_a_stale_handle_leaves_the_slots_next_occupant_alone() {
+    let p = pool(16, TailPolicy::CopyAtFork);
+    let a = p.allocate(8).unwrap();
+    p.release(a).unwrap();
+    let c = p.allocate(9).unwrap();
+    assert_eq!(c.index(), a.index(), "the slot is reused");
+    assert_eq!(p.truncate(a, 0), Err(ForkError::UnknownSequence(a)));
+    assert_eq!(p.seq_len(c).unwrap(), 9);
+    assert_eq!(p.table(c).unwrap().len(), 3);
+    check(&p);
+}
+
+#[test]
+fn stats_count_used_pages_and_live_sequences() {
+    let p = pool(16, TailPolicy::CopyAtFork);
+    let a = p.allocate(5).unwrap(); // 2 pages
+    let _b = p.allocate(4).unwrap(); // 1 page
+    let s = p.stats().unwrap();
+    assert_eq!(
+        (s.capacity, s.free, s.used, s.live_sequences),
+        (16, 13, 3, 2)
+    );
+    p.release(a).unwrap();
+    let s = p.stats().unwrap();
+    assert_eq!(
+        (s.capacity, s.free, s.used, s.live_sequences),
+        (16, 15, 1, 1)
+    );
+    // A second release decrements nothing, the live count included.
+    assert_eq!(p.release(a), Ok(Release::AlreadyReleased));
+    assert_eq!(p.stats().unwrap().live_sequences, 1);
+}
+
+#[test]
+fn is_forked_and_is_live_follow_fork_and_release() {
+    let mut core = PoolCore::new(PoolConfig::new(16, BS, 10)).unwrap();
+    let a = core.allocate(8).unwrap();
+    assert!(core.is_live(a));
+    assert_eq!(core.is_forked(a), Ok(false));
+    let out = core.fork(a, 3).unwrap();
+    for &b in &out.branches {
+        assert!(core.is_live(b));
+        assert_eq!(core.is_forked(b), Ok(true), "{b:?}");
+    }
+    let gone = out.branches[1];
+    core.release(gone).unwrap();
+    assert!(!core.is_live(gone));
+    assert_eq!(core.is_forked(gone), Err(ForkError::UnknownSequence(gone)));
+    let never = SeqId {
+        index: 99,
+        generation: 0,
+    };
+    assert!(!core.is_live(never));
+}
+
+#[test]
+fn only_admission_rejects_fall_back_to_prefill() {
+    assert!(ForkError::AdmissionRejected(Reason::AlreadyForked).falls_back_to_prefill());
+    let id = SeqId {
+        index: 0,
+        generation: 0,
+    };
+    for e in [
+        ForkError::PoolExhausted { needed: 2, free: 1 },
+        ForkError::UnknownSequence(id),
+        ForkError::InvalidBranchCount(0),
+        ForkError::InvalidLength {
+            len: 1,
+            requested: 2,
+        },
+        ForkError::Overflow("x"),
+        ForkError::InvalidConfig("x"),
+        ForkError::Poisoned,
+    ] {
+        assert!(!e.falls_back_to_prefill(), "{e:?}");
+    }
+}

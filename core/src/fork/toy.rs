@@ -122,4 +122,79 @@ mod tests {
         }));
         assert_eq!(kv.read(&[3], 3), None);
     }
+
+    /// The token-identity tests see a wrong share or a missed copy only as a changed
+    /// token, so the toy model must react to every bit of the seed and of every visible
+    /// token: it is a hash of both (a bijection of each before the final reduction).
+    #[test]
+    fn toy_decoder_reacts_to_every_seed_bit_and_every_token_bit() {
+        let (visible, seed, vocab) = ([11u32, 22, 33], 0x0123_4567_89ab_cdefu64, u32::MAX);
+        let base = toy_next_token(&visible, seed, vocab);
+        for bit in 0..64 {
+            assert_ne!(
+                toy_next_token(&visible, seed ^ (1 << bit), vocab),
+                base,
+                "seed bit {bit}"
+            );
+        }
+        for pos in 0..visible.len() {
+            for bit in 0..32 {
+                let mut v = visible;
+                v[pos] ^= 1 << bit;
+                assert_ne!(
+                    toy_next_token(&v, seed, vocab),
+                    base,
+                    "token {pos} bit {bit}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn toy_tokens_are_in_the_vocabulary() {
+        for vocab in [1u32, 2, 7, 1000] {
+            for seed in 0..16u64 {
+                for visible in [&[][..], &[5], &[5, 9, 200]] {
+                    let t = toy_next_token(visible, seed, vocab);
+                    assert!(t < vocab, "{t} >= {vocab} (seed {seed}, {visible:?})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn toy_kv_refuses_pages_past_its_memory() {
+        // 4 pages of 2 slots: page 3 is the last, page 4 does not exist.
+        let cfg = PoolConfig::new(4, 2, 1);
+        let mut kv = ToyKv::new(&cfg);
+        assert!(kv.write(&[3], 1, 7), "the very last slot");
+        assert_eq!(kv.read(&[3], 2), Some(vec![ToyKv::EMPTY, 7]));
+        assert!(!kv.write(&[4], 0, 8));
+        assert_eq!(kv.read(&[4], 1), None);
+        assert_eq!(kv.read(&[3, 4], 3), None);
+    }
+
+    #[test]
+    fn toy_kv_copies_a_whole_page_but_never_more() {
+        let cfg = PoolConfig::new(4, 2, 1);
+        let mut kv = ToyKv::new(&cfg);
+        assert!(kv.write(&[1], 0, 5) && kv.write(&[1], 1, 6));
+        let full = CopyAction {
+            src: 1,
+            dst: 2,
+            tokens: 2,
+            bytes: 2,
+        };
+        assert!(kv.apply(&full), "a whole page is in range");
+        assert_eq!(kv.read(&[2], 2), Some(vec![5, 6]));
+        let before = kv.clone();
+        let over = CopyAction {
+            src: 1,
+            dst: 0,
+            tokens: 3,
+            bytes: 3,
+        };
+        assert!(!kv.apply(&over), "more tokens than a page holds");
+        assert_eq!(kv, before, "a refused copy writes nothing");
+    }
 }

@@ -713,4 +713,68 @@ mod tests {
             "d8bb14d833d59559"
         );
     }
+
+    fn framed(body: &[u8]) -> Vec<u8> {
+        let mut f = MAGIC.to_vec();
+        f.extend_from_slice(&xxh3_64(body).to_le_bytes());
+        f.extend_from_slice(body);
+        f
+    }
+
+    /// A template splices a fingerprint's hex at the fixed offset, so it may only come
+    /// from a frame in this build's exact shape: a frame that decodes to `env` but keeps
+    /// the hex elsewhere would make [`Template::encode`] differ from `env.encode()`.
+    #[test]
+    fn from_frame_refuses_other_shapes_even_when_they_decode_to_env() {
+        let env = sample();
+        let canon = env.encode().expect("encodes");
+        let body = &canon[HEADER_LEN..];
+        let (off, end) = (FP_PREFIX.len(), FP_PREFIX.len() + FP_HEX);
+        assert_eq!(&body[..off], FP_PREFIX);
+        let (hex, rest) = (&body[off..end], &body[end + 1..]);
+        assert_eq!(rest[0], b',');
+        // `fp` first, padded so its hex still sits at the fixed offset and is followed
+        // by its closing quote: only the prefix is wrong.
+        let mut moved = b"{\"fp\":".to_vec();
+        moved.resize(off - 1, b' ');
+        moved.push(b'"');
+        moved.extend_from_slice(hex);
+        moved.push(b'"');
+        moved.extend_from_slice(b",\"schema_version\":1");
+        moved.extend_from_slice(rest);
+        assert!(!moved.starts_with(FP_PREFIX));
+        assert_eq!((&moved[off..end], moved[end]), (hex, b'"'));
+        // Whitespace after the brace that puts the fp's opening quote where the closing
+        // one belongs: neither the prefix nor the hex is in place, only a quote at `end`.
+        let shift = end - (off - 1);
+        let mut spaced = vec![b'{'];
+        spaced.extend(std::iter::repeat_n(b' ', shift));
+        spaced.extend_from_slice(&body[1..]);
+        assert!(!spaced.starts_with(FP_PREFIX));
+        assert_ne!(&spaced[off..end], hex);
+        assert_eq!(spaced[end], b'"');
+        for b in [moved, spaced] {
+            let frame = framed(&b);
+            assert_eq!(Envelope::decode(&frame), Ok(env.clone()), "still env");
+            assert!(Template::from_frame(&env, &frame).is_none());
+        }
+        // The canonical frame does give one.
+        assert!(Template::from_frame(&env, &canon).is_some());
+    }
+
+    /// In shape but not decoding back to itself (a field that fails validation): no
+    /// template, so the reader's slow path reports the invalid field.
+    #[test]
+    fn from_frame_refuses_an_envelope_that_does_not_decode_back() {
+        let mut env = sample();
+        env.model_parts.patch_size = 0;
+        let frame = env.encode().expect("encodes");
+        assert!(frame[HEADER_LEN..].starts_with(FP_PREFIX), "in shape");
+        assert!(matches!(
+            Envelope::decode(&frame),
+            Err(EnvelopeError::Invalid(_))
+        ));
+        assert!(Template::from_frame(&env, &frame).is_none());
+        assert!(Template::learn(&env).is_none());
+    }
 }
