@@ -36,7 +36,7 @@ ORDER=(store policies mm_cache fingerprint fork traces)
 # of the package instead (slower; a mutant caught only elsewhere then counts as caught).
 declare -A TESTS=(
   [store]="--lib --test store_model --test store_victim_recheck --test store_key --test store_mooncake_experiments --test store_trait_defaults --test store_victim_index"
-  [policies]="--lib --test policy_victim_order --test policy_properties --test policy_belady_bound --test store_victim_recheck"
+  [policies]="--lib --test policy_victim_order --test policy_properties --test policy_belady_bound --test store_victim_recheck --test policy_semantics"
   [mm_cache]="--lib --test mm_cache_lookup --test mm_cache_plan --test mm_cache_faults --test mm_cache_auth"
   [fingerprint]="--lib --test fingerprint"
   [fork]="--lib --test fork_prop --test fork_token_identity"
