@@ -103,28 +103,15 @@ fn fitted_weights_enter_the_profile_with_the_shared_cores() {
         adopted: false,
         ..c.clone()
     };
-    let p = profile::fit(
-        &base,
-        &spec,
-        &samples,
-        &samples,
-        Some(cores),
-        Some(rejected),
-    )
-    .unwrap();
+    let fit_with = |c: profile::ContentionReport| {
+        profile::fit(&base, &spec, &samples, &samples, Some(cores), Some(c)).unwrap()
+    };
+    let p = fit_with(rejected);
     assert_eq!(p.hardware.core_weights, None);
     assert!(moonagent_validation::study::profile_markdown(&p).contains("stay out of the profile"));
     // ... and adopted ones go in.
     let c = profile::ContentionReport { adopted: true, ..c };
-    let p = profile::fit(
-        &base,
-        &spec,
-        &samples,
-        &samples,
-        Some(cores),
-        Some(c.clone()),
-    )
-    .unwrap();
+    let p = fit_with(c.clone());
     assert_eq!(p.hardware.core_weights, Some(c.weights));
     let dir = std::env::temp_dir().join(format!("moonagent-contention-{}", std::process::id()));
     let path = moonagent_validation::study::write_profile(&dir, &p, &samples, &samples).unwrap();
