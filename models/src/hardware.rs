@@ -95,6 +95,9 @@ impl CoreWeights {
         decode: 1.0,
     };
 
+    /// The step kinds, in the order of [`CoreWeights::as_array`].
+    pub const KINDS: [&'static str; 3] = ["encode", "prefill", "decode"];
+
     /// Weights in `[encode, prefill, decode]` order.
     pub fn as_array(&self) -> [f64; 3] {
         [self.encode, self.prefill, self.decode]

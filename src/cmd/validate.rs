@@ -274,18 +274,12 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
         pb.inc(1);
     })?;
     pb.finish_and_clear();
-    let contention = match exec.shared_cores() {
-        Some(cores) => {
-            let pb = progress::spinner("contention", "", true);
-            let c =
-                profile::contention(&ContentionPlan::cpu_default(), exec.as_ref(), cores, |m| {
-                    pb.set_message(m.to_string())
-                })?;
-            pb.finish_and_clear();
-            Some(c)
-        }
-        None => None,
-    };
+    let pb = progress::spinner("contention", "", true);
+    let contention =
+        profile::contention_if_shared(Some(&ContentionPlan::cpu_default()), exec.as_ref(), |m| {
+            pb.set_message(m.to_string())
+        })?;
+    pb.finish_and_clear();
     let p = profile::fit(
         &base,
         &spec,

@@ -403,7 +403,7 @@ impl ContentionPlan {
         }
     }
 
-    /// Small shapes and short windows, for tests.
+    /// The default shapes with a shorter window (the quick study, tests).
     pub fn quick() -> Self {
         let mut p = Self::cpu_default();
         p.window = std::time::Duration::from_millis(600);
@@ -453,6 +453,20 @@ pub struct ContentionReport {
     pub adopted: bool,
 }
 
+/// The contention run when there is something to weigh: a `plan` and an executor whose
+/// workers share the host's cores ([`Executor::shared_cores`]); otherwise `None`, and the
+/// cores (if any) are shared equally.
+pub fn contention_if_shared(
+    plan: Option<&ContentionPlan>,
+    exec: &dyn Executor,
+    progress: impl FnMut(&str),
+) -> Result<Option<ContentionReport>, ProfileError> {
+    match (plan, exec.shared_cores()) {
+        (Some(plan), Some(cores)) => contention(plan, exec, cores, progress).map(Some),
+        _ => Ok(None),
+    }
+}
+
 /// Mean absolute % error of the weighted and of the equal-share prediction over `mix`.
 pub fn stretch_errors(mix: &[Contended]) -> (f64, f64) {
     let err = |pred: fn(&Contended) -> f64| {
@@ -473,7 +487,7 @@ fn kind_of(step: &Step) -> usize {
     }
 }
 
-const KIND_NAMES: [&str; 3] = ["encode", "prefill", "decode"];
+const KIND_NAMES: [&str; 3] = CoreWeights::KINDS;
 
 /// Run `steps` at once, one looping worker thread each, for `window`: a driver thread
 /// hands each worker its next step when it reports the last one done, as the real

@@ -220,13 +220,12 @@ pub fn run_study(
         exec.as_ref(),
         |_| {},
     )?;
-    let contention = match (&cfg.contention, exec.shared_cores()) {
-        (Some(plan), Some(cores)) => {
+    let mut said = false;
+    let contention = profile::contention_if_shared(cfg.contention.as_ref(), exec.as_ref(), |_| {
+        if !std::mem::replace(&mut said, true) {
             say("measuring how concurrent steps share the cores");
-            Some(profile::contention(plan, exec.as_ref(), cores, |_| {})?)
         }
-        _ => None,
-    };
+    })?;
     let fitted = profile::fit(
         &hw0,
         &spec,
