@@ -8,7 +8,8 @@
 #      Engine once per machine (~12-21 min on 2 cores; then it returns at once), then clippy and
 #      the feature's test target with the env it prints (MOONAGENT_SKIP_TRANSFER_ENGINE=1
 #      skips it, except under CI=true)
-#   4. loom model-checking of the fork's concurrent refcount/release paths (cfg(loom))
+#   4. loom model-checking of the fork's concurrent refcount/release paths and of the
+#      host-core gate (cfg(loom))
 #   5. the sweep results loaded in polars and pandas (Python venv, installed idempotently)
 #   6. every notebook in notebooks/ executed headless on quick inputs (same venv)
 #
@@ -79,7 +80,7 @@ python3 scripts/check_cost_golden.py
 
 step "loom model checking (cfg(loom), release)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-  cargo test --quiet --release -p moonagent-core --test loom_fork
+  cargo test --quiet --release -p moonagent-core --test loom_fork --test loom_cores
 
 if [[ -f scripts/test_sweep_python.sh ]]; then
   step "sweep results in polars and pandas"

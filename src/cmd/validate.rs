@@ -14,6 +14,7 @@ use moonagent_sim::des::SimConfig;
 use moonagent_sim::progress;
 use moonagent_validation::backend::{Executor, KvPath, RunOptions};
 use moonagent_validation::compute::CpuCompute;
+use moonagent_validation::cores::{HostSched, DEFAULT_QUANTUM_US};
 use moonagent_validation::exec::ComputeExecutor;
 use moonagent_validation::measure::{mem_store, read_inputs, run_trace, write_run, MeasureError};
 use moonagent_validation::mooncake::BridgeStore;
@@ -56,6 +57,8 @@ struct ProfileArgs {
     /// Weight seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    #[command(flatten)]
+    sched: HostSchedArgs,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -65,6 +68,37 @@ enum StoreKind {
     /// A real Mooncake Store through the bridge (`scripts/mooncake.sh up`;
     /// `MOONAGENT_MOONCAKE_BRIDGE`).
     Mooncake,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum HostSchedArg {
+    /// The backend's round robin over the host's cores: a step waits for a core in turn
+    /// and hands it over after a quantum (processor sharing, as the simulator models it).
+    RoundRobin,
+    /// The kernel's scheduler: every compute thread runnable at once.
+    Os,
+}
+
+/// How the compute threads share the host's cores when there are more workers than cores.
+#[derive(Args, Debug, Clone, Copy)]
+struct HostSchedArgs {
+    /// Who schedules the workers' compute threads on the host's cores.
+    #[arg(long, value_enum, default_value = "round-robin")]
+    host_sched: HostSchedArg,
+    /// The round robin's quantum, microseconds.
+    #[arg(long, default_value_t = DEFAULT_QUANTUM_US, value_parser = clap::value_parser!(u64).range(1..))]
+    quantum_us: u64,
+}
+
+impl HostSchedArgs {
+    fn sched(self) -> HostSched {
+        match self.host_sched {
+            HostSchedArg::Os => HostSched::Os,
+            HostSchedArg::RoundRobin => HostSched::RoundRobin {
+                quantum_us: self.quantum_us,
+            },
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -140,6 +174,8 @@ struct RunArgs {
     /// transfer goes over loopback TCP.
     #[arg(long, value_enum, default_value = "tcp")]
     kv_path: KvPathArg,
+    #[command(flatten)]
+    sched: HostSchedArgs,
     /// Output folder.
     #[arg(long, default_value = "validate-run")]
     out: PathBuf,
@@ -190,6 +226,8 @@ struct AllArgs {
     /// Where each run keeps encoder outputs and prefix KV.
     #[arg(long, value_enum, default_value = "mem")]
     store: StoreKind,
+    #[command(flatten)]
+    sched: HostSchedArgs,
 }
 
 fn mode_of(s: &str) -> Result<Mode> {
@@ -275,10 +313,13 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
     })?;
     pb.finish_and_clear();
     let pb = progress::spinner("contention", "", true);
-    let contention =
-        profile::contention_if_shared(Some(&ContentionPlan::cpu_default()), exec.as_ref(), |m| {
-            pb.set_message(m.to_string())
-        })?;
+    let plan = ContentionPlan {
+        host_sched: a.sched.sched(),
+        ..ContentionPlan::cpu_default()
+    };
+    let contention = profile::contention_if_shared(Some(&plan), exec.as_ref(), |m| {
+        pb.set_message(m.to_string())
+    })?;
     pb.finish_and_clear();
     let p = profile::fit(
         &base,
@@ -304,6 +345,7 @@ fn run_cmd(a: RunArgs) -> Result<()> {
     }
     let opts = RunOptions {
         kv_path: a.kv_path.path()?,
+        host_sched: a.sched.sched(),
         ..RunOptions::default()
     };
     let (trace, bs) = a.workload.load()?;
@@ -341,6 +383,13 @@ fn run_cmd(a: RunArgs) -> Result<()> {
         s.actions,
         if s.same_decisions { "yes" } else { "NO" }
     );
+    match s.host_sched {
+        HostSched::Os => println!("compute threads scheduled by the kernel"),
+        HostSched::RoundRobin { quantum_us } => println!(
+            "compute threads on the host's cores by round robin ({quantum_us} us quantum): {} hand-overs",
+            s.core_rotations
+        ),
+    }
     for k in &s.kv_links {
         println!(
             "KV {} over {}: {} transfers, {} bytes; median {} bytes in {:.3} ms, {:.3} GB/s",
@@ -395,6 +444,7 @@ fn all_cmd(a: AllArgs) -> Result<()> {
         requests: a.requests,
         repeats: a.repeats,
         loads: a.loads.clone(),
+        host_sched: a.sched.sched(),
         ..StudyConfig::default()
     };
     if let Some(l) = cfg
@@ -409,7 +459,10 @@ fn all_cmd(a: AllArgs) -> Result<()> {
         cfg.repeats = 1;
         cfg.grid = Grid::quick();
         cfg.holdout = 3;
-        cfg.contention = Some(ContentionPlan::quick());
+        cfg.contention = Some(ContentionPlan {
+            host_sched: cfg.host_sched,
+            ..ContentionPlan::quick()
+        });
     }
     let exec = executor(&cpu_config(Mode::B3), 0)?;
     let mut mooncake = |_: &SimConfig, label: &str| -> Result<Box<dyn Store>, MeasureError> {

@@ -15,6 +15,7 @@
 pub mod backend;
 pub mod compare;
 pub mod compute;
+pub mod cores;
 pub mod exec;
 pub mod measure;
 pub mod mooncake;

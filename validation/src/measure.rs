@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{
     self, BackendError, Executor, KvLinkStats, KvPath, Measured, RunOptions, Timed, Work,
 };
+use crate::cores::HostSched;
 
 /// Why a measured run could not be set up, run or written.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +85,17 @@ pub struct RunSummary {
     /// KV transfer times measured on each link (`backend::kv_link_stats`).
     #[serde(default)]
     pub kv_links: Vec<KvLinkStats>,
+    /// How the compute threads shared the host's cores (absent in summaries written
+    /// before the choice existed: the kernel's scheduler).
+    #[serde(default = "host_sched_os")]
+    pub host_sched: HostSched,
+    /// Times a step handed its host core to a waiting step ([`Measured::core_rotations`]).
+    #[serde(default)]
+    pub core_rotations: u64,
+}
+
+fn host_sched_os() -> HostSched {
+    HostSched::Os
 }
 
 /// A fresh engine for `cfg` over `trace` on `store`, with real payloads and decode page
@@ -153,6 +165,8 @@ pub fn run_trace<S: Store>(
         actions: m.actions.len() as u64,
         same_decisions: same.is_none(),
         kv_links: backend::kv_link_stats(&m.timed),
+        host_sched: opts.host_sched,
+        core_rotations: m.core_rotations,
     };
     Ok((m, summary))
 }

@@ -12,6 +12,7 @@
 
 use std::time::Instant;
 
+use moonagent_core::cores::CoresError;
 use moonagent_core::rng::Rng;
 use moonagent_core::serve::{Flow, WorkerId};
 use moonagent_models::calibrate::{
@@ -22,6 +23,7 @@ use serde::Serialize;
 
 use crate::backend::link::{LinkError, Sink};
 use crate::backend::{ExecError, Executor, Step};
+use crate::cores::{on_core, HostCores, HostSched};
 
 /// The shapes to measure.
 #[derive(Debug, Clone, PartialEq)]
@@ -142,6 +144,9 @@ pub enum ProfileError {
     /// The base profile or model is unusable.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The host-core gate of a contention plan is unusable.
+    #[error("contention plan: {0}")]
+    Cores(#[from] CoresError),
 }
 
 /// Measure every point of `grid` (one warm-up, then `repeats` timed runs, median).
@@ -374,6 +379,9 @@ pub struct ContentionPlan {
     pub holdout: Vec<Step>,
     /// How long each mix runs (each step also runs alone this long).
     pub window: std::time::Duration,
+    /// How the looping steps share the host's cores: the runs' discipline, so the weights
+    /// describe what the runs will see.
+    pub host_sched: HostSched,
 }
 
 impl ContentionPlan {
@@ -400,6 +408,7 @@ impl ContentionPlan {
                 decode(4, 1024),
             ],
             window: std::time::Duration::from_millis(2500),
+            host_sched: HostSched::default(),
         }
     }
 
@@ -499,6 +508,7 @@ fn co_run(
     exec: &dyn Executor,
     steps: &[Step],
     window: std::time::Duration,
+    cores: Option<&HostCores>,
 ) -> Result<Vec<Vec<u64>>, ProfileError> {
     use std::sync::mpsc;
     type Report = (usize, Result<(Instant, Instant), ExecError>);
@@ -513,7 +523,8 @@ fn co_run(
             s.spawn(move || {
                 for () in rx {
                     let t0 = Instant::now();
-                    let r = exec.run(i as WorkerId, step).map(|_| (t0, Instant::now()));
+                    let r = on_core(cores, || exec.run(i as WorkerId, step))
+                        .map(|_| (t0, Instant::now()));
                     if done.send((i, r)).is_err() {
                         return;
                     }
@@ -594,16 +605,22 @@ pub fn contention(
     cores: f64,
     mut progress: impl FnMut(&str),
 ) -> Result<ContentionReport, ProfileError> {
+    let gate = plan.host_sched.gate(Some(cores))?;
     let measure_mix = |steps: &[Step],
                        progress: &mut dyn FnMut(&str)|
      -> Result<Vec<(usize, u64, u64, usize)>, ProfileError> {
         let mut alone = Vec::with_capacity(steps.len());
         for s in steps {
-            let t = co_run(exec, std::slice::from_ref(s), plan.window / 2)?;
+            let t = co_run(
+                exec,
+                std::slice::from_ref(s),
+                plan.window / 2,
+                gate.as_ref(),
+            )?;
             alone.push(median_u64(t.into_iter().flatten().collect()));
             progress("contention (alone)");
         }
-        let together = co_run(exec, steps, plan.window)?;
+        let together = co_run(exec, steps, plan.window, gate.as_ref())?;
         progress("contention (together)");
         steps
             .iter()

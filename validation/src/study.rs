@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::backend::{Executor, RunOptions};
 use crate::compare::{compare, Comparison};
+use crate::cores::HostSched;
 use crate::measure::{mem_store, run_trace, write_run, MeasureError, RunSummary};
 use crate::profile::{self, ContentionPlan, Grid, Profile};
 
@@ -103,6 +104,8 @@ pub struct StudyConfig {
     /// The contention run that fits the shared cores' weights per step kind (when the
     /// executor's workers share cores); `None` leaves them equal.
     pub contention: Option<ContentionPlan>,
+    /// How every run's (and the contention run's) compute threads share the host's cores.
+    pub host_sched: HostSched,
 }
 
 impl Default for StudyConfig {
@@ -116,6 +119,7 @@ impl Default for StudyConfig {
             grid: Grid::cpu_default(),
             holdout: 8,
             contention: Some(ContentionPlan::cpu_default()),
+            host_sched: HostSched::default(),
         }
     }
 }
@@ -180,6 +184,8 @@ pub struct Study {
     pub cores: usize,
     /// Compute workers of each run (each a thread).
     pub workers: u32,
+    /// How the runs' compute threads shared the cores.
+    pub host_sched: HostSched,
     /// The profile fit.
     pub profile: Profile,
     /// Simulated saturated throughput per mode, requests per second.
@@ -221,7 +227,11 @@ pub fn run_study(
         |_| {},
     )?;
     let mut said = false;
-    let contention = profile::contention_if_shared(cfg.contention.as_ref(), exec.as_ref(), |_| {
+    let plan = cfg.contention.clone().map(|p| ContentionPlan {
+        host_sched: cfg.host_sched,
+        ..p
+    });
+    let contention = profile::contention_if_shared(plan.as_ref(), exec.as_ref(), |_| {
         if !std::mem::replace(&mut said, true) {
             say("measuring how concurrent steps share the cores");
         }
@@ -267,7 +277,10 @@ pub fn run_study(
                     &mut *store,
                     Arc::clone(&exec),
                     1.0,
-                    RunOptions::default(),
+                    RunOptions {
+                        host_sched: cfg.host_sched,
+                        ..RunOptions::default()
+                    },
                 )?;
                 let dir = out.join("runs").join(&label);
                 write_run(&dir, &m, &s)?;
@@ -290,6 +303,7 @@ pub fn run_study(
     let study = Study {
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         workers: base_cfg.encoders + base_cfg.prefills + base_cfg.decodes,
+        host_sched: cfg.host_sched,
         profile: fitted,
         capacity_rps: capacity,
         runs,
@@ -405,9 +419,15 @@ pub fn report(st: &Study) -> String {
         String::from("# moonagent validate: simulated vs measured\n\n## Operator profile\n\n");
     s.push_str(&profile_markdown(&st.profile));
     s.push_str(&format!(
-        "\n## Runs\n\n{} compute workers (threads) on {} cores{}. Step stretch E/P/D: median measured / profiled time of the run's encode, prefill and decode steps (1.00: as fast as profiled alone).\n\n",
+        "\n## Runs\n\n{} compute workers (threads) on {} cores, scheduled by {}{}. Step stretch E/P/D: median measured / profiled time of the run's encode, prefill and decode steps (1.00: as fast as profiled alone).\n\n",
         st.workers,
         st.cores,
+        match st.host_sched {
+            HostSched::Os => "the kernel (`--host-sched os`)".to_string(),
+            HostSched::RoundRobin { quantum_us } => format!(
+                "the backend's round robin over the cores (a step waits for a core in turn and hands it over at the first operator boundary after {quantum_us} us when another waits)"
+            ),
+        },
         match (st.workers as usize > st.cores, st.profile.hardware.shared_cores) {
             (true, Some(c)) => format!(
                 ": when more workers are busy than there are cores, steps stretch (up to workers / cores); the fitted profile says the workers share {c} cores, so the simulator time-shares them by processor sharing, {}",

@@ -39,6 +39,7 @@ use moonagent_core::serve::{
 use moonagent_core::store::Store;
 use serde::{Deserialize, Serialize};
 
+use crate::cores::{on_core, HostCores, HostSched};
 use crate::te::{self, TeCluster, TeNic};
 use link::{LinkError, Nic, Sink};
 
@@ -176,6 +177,9 @@ pub enum BackendError {
     /// A thread could not be started or died.
     #[error("backend thread: {0}")]
     Thread(String),
+    /// The host-core gate of [`RunOptions::host_sched`] is unusable.
+    #[error("host cores: {0}")]
+    Cores(#[from] moonagent_core::cores::CoresError),
 }
 
 /// The link a transfer took.
@@ -222,6 +226,9 @@ pub struct RunOptions {
     /// with what was sent (outside the measured time); a difference stops the run with
     /// [`LinkError::Corrupt`].
     pub verify_kv: bool,
+    /// How the compute threads share the host's cores ([`Executor::shared_cores`]; no
+    /// effect when the executor's compute is not the host's).
+    pub host_sched: HostSched,
 }
 
 impl Default for RunOptions {
@@ -230,6 +237,7 @@ impl Default for RunOptions {
             stall_timeout: Duration::from_secs(60),
             kv_path: KvPath::Tcp,
             verify_kv: false,
+            host_sched: HostSched::default(),
         }
     }
 }
@@ -291,6 +299,9 @@ pub struct Measured {
     /// `exists` and puts), ns. The simulator prices none of it; with a real store over the
     /// network it is what delays dispatch.
     pub engine_ns: u64,
+    /// Times a compute step handed its host core to a waiting step at a checkpoint
+    /// ([`HostSched::RoundRobin`]; 0 otherwise).
+    pub core_rotations: u64,
 }
 
 /// A completion (or failure) reported by a backend thread.
@@ -407,14 +418,15 @@ pub fn run<S: Store, R: RequestView>(
 
     exec.prepare(engine.config())
         .map_err(|source| BackendError::Exec { worker: 0, source })?;
+    let host_cores = opts.host_sched.gate(exec.shared_cores())?;
     let mut compute: Vec<Sender<(Step, StepKv)>> = Vec::with_capacity(workers);
     let mut nics: Vec<Sender<NicJob>> = Vec::with_capacity(workers);
     let mut handles: Vec<JoinHandle<()>> = Vec::new();
     for w in 0..workers as WorkerId {
         let (stx, srx) = mpsc::channel::<(Step, StepKv)>();
-        let (events, ex) = (tx.clone(), Arc::clone(&exec));
+        let (events, ex, cores) = (tx.clone(), Arc::clone(&exec), host_cores.clone());
         handles.push(spawn(format!("worker-{w}"), move || {
-            compute_thread(w, srx, ex, events, start)
+            compute_thread(w, srx, ex, cores, events, start)
         })?);
         compute.push(stx);
         let nic = sink
@@ -558,6 +570,7 @@ pub fn run<S: Store, R: RequestView>(
     }
     result?;
     m.counters = *engine.counters();
+    m.core_rotations = host_cores.as_ref().map_or(0, HostCores::rotations);
     m.records = engine.served().iter().map(|s| s.rec).collect();
     m.done = engine.served().iter().map(|s| s.done).collect();
     Ok(m)
@@ -712,12 +725,15 @@ fn compute_thread(
     w: WorkerId,
     steps: Receiver<(Step, StepKv)>,
     exec: Arc<dyn Executor>,
+    cores: Option<HostCores>,
     events: Sender<Event>,
     start: Instant,
 ) {
     for (step, kv) in steps {
         let t0 = Instant::now();
-        let r = exec.run_kv(w, &step, &kv);
+        // The wait for a host core is part of the step's time, as its stretch under
+        // shared cores is part of the simulated time.
+        let r = on_core(cores.as_ref(), || exec.run_kv(w, &step, &kv));
         let measured_ns = t0.elapsed().as_nanos() as u64;
         let ev = match r {
             Ok(outs) => {
