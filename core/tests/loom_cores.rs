@@ -34,17 +34,23 @@ fn model(min: usize, f: impl Fn() + Sync + Send + 'static) {
 
 /// One holder's turn: take a core, count holders (never above `cores`), optionally rotate.
 fn turn(gate: &CoreGate, holders: &AtomicUsize, cores: usize, rotate: bool) {
-    gate.acquire();
+    let mut core = gate.acquire(0);
     let h = holders.fetch_add(1, Ordering::SeqCst) + 1;
-    assert!(h <= cores, "{h} holders on {cores} cores");
+    assert!(
+        h <= cores && core < cores,
+        "{h} holders on {cores} cores, core {core}"
+    );
     if rotate {
         holders.fetch_sub(1, Ordering::SeqCst);
-        gate.rotate();
+        core = gate.rotate(core, 0);
         let h = holders.fetch_add(1, Ordering::SeqCst) + 1;
-        assert!(h <= cores, "{h} holders on {cores} cores after a rotate");
+        assert!(
+            h <= cores && core < cores,
+            "{h} holders on {cores} cores after a rotate"
+        );
     }
     holders.fetch_sub(1, Ordering::SeqCst);
-    gate.release();
+    gate.release(core);
 }
 
 #[test]

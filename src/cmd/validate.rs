@@ -72,18 +72,18 @@ enum StoreKind {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum HostSchedArg {
+    /// The kernel's scheduler: every compute thread runnable at once.
+    Os,
     /// The backend's round robin over the host's cores: a step waits for a core in turn
     /// and hands it over after a quantum (processor sharing, as the simulator models it).
     RoundRobin,
-    /// The kernel's scheduler: every compute thread runnable at once.
-    Os,
 }
 
 /// How the compute threads share the host's cores when there are more workers than cores.
 #[derive(Args, Debug, Clone, Copy)]
 struct HostSchedArgs {
     /// Who schedules the workers' compute threads on the host's cores.
-    #[arg(long, value_enum, default_value = "round-robin")]
+    #[arg(long, value_enum, default_value = "os")]
     host_sched: HostSchedArg,
     /// The round robin's quantum, microseconds.
     #[arg(long, default_value_t = DEFAULT_QUANTUM_US, value_parser = clap::value_parser!(u64).range(1..))]

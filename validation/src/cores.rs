@@ -1,14 +1,18 @@
 //! How the CPU backend's compute threads share the host's cores ([`HostSched`]).
 //!
 //! Each worker of a run is a compute thread standing in for a device; on a host with
-//! fewer cores than workers they share the cores. [`HostSched::Os`] leaves that to the
-//! kernel's scheduler. [`HostSched::RoundRobin`] (the default) runs every step under the
+//! fewer cores than workers they share the cores. [`HostSched::Os`] (the default) leaves
+//! that to the kernel's scheduler. [`HostSched::RoundRobin`] runs every step under the
 //! core's [`CoreGate`]: a step holds one of the host's cores for its length, waits for
 //! one in first-come order, and gives its core to the longest waiter at the first
 //! operator boundary ([`checkpoint`], called by every GEMM of the CPU operators) after it
 //! has held it a quantum. With a quantum much shorter than the steps that is processor
 //! sharing with equal weights, what the simulator's `SharedCores` models (INVARIANTS D9,
 //! D10), instead of the kernel's heuristics, which no simulator models.
+//!
+//! Each grant names one of the host's cores, and on Linux the thread runs pinned to it;
+//! a thread about to take a core is pinned to it before it is woken ([`Handoff`]), so it
+//! wakes on the core its predecessor leaves rather than wherever the kernel would put it.
 //!
 //! Time spent waiting for a core is part of a step's measured time, as a step's stretch
 //! is part of its simulated time.
@@ -18,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use moonagent_core::cores::{CoreGate, CoresError};
+use moonagent_core::cores::{CoreGate, CoresError, Handoff};
 use serde::{Deserialize, Serialize};
 
 /// The quantum of [`HostSched::RoundRobin`] when none is given: 1 ms, chosen before any
@@ -27,10 +31,18 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_QUANTUM_US: u64 = 1_000;
 
 /// Who decides which compute thread runs on the host's cores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// The default is the kernel's scheduler: what every measured figure in the README was
+/// taken with. The round robin is what the simulator's processor sharing describes (three
+/// CPU-bound threads on two cores each got a third of the work within 3% under it, and
+/// 29-37% each under the kernel), but on the shared 2-core VM, whose delivered capacity
+/// moved by 2x within minutes while they were compared, runs under the two could not be
+/// told apart (the README's real-backend section).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum HostSched {
     /// The kernel's scheduler: every compute thread runnable at once.
+    #[default]
     Os,
     /// The backend's round robin over the host's cores ([`CoreGate`]), yielding at the
     /// first operator boundary after `quantum_us` when another step waits.
@@ -40,8 +52,9 @@ pub enum HostSched {
     },
 }
 
-impl Default for HostSched {
-    fn default() -> Self {
+impl HostSched {
+    /// The round robin at the default quantum.
+    pub const fn round_robin() -> Self {
         HostSched::RoundRobin {
             quantum_us: DEFAULT_QUANTUM_US,
         }
@@ -62,12 +75,7 @@ impl HostSched {
     pub fn gate(self, cores: Option<f64>) -> Result<Option<HostCores>, CoresError> {
         match (self, cores) {
             (HostSched::RoundRobin { quantum_us }, Some(c)) => {
-                let cores = (c.floor() as usize).max(1);
-                let gate = CoreGate::new(cores, quantum_us.saturating_mul(1_000))?;
-                Ok(Some(HostCores {
-                    gate: Arc::new(gate),
-                    rotations: Arc::new(AtomicU64::new(0)),
-                }))
+                HostCores::new((c.floor() as usize).max(1), quantum_us, true).map(Some)
             }
             _ => Ok(None),
         }
@@ -79,9 +87,30 @@ impl HostSched {
 pub struct HostCores {
     gate: Arc<CoreGate>,
     rotations: Arc<AtomicU64>,
+    /// The CPUs this process may run on; core `i` of the gate is `cpus[i % len]`.
+    cpus: Arc<Vec<usize>>,
 }
 
 impl HostCores {
+    /// A round robin over `cores` cores at `quantum_us`; `pin`: threads run pinned to
+    /// their core's CPU and a waiter is pinned to its core before it is woken (what
+    /// [`HostSched::gate`] builds; without it the kernel places the threads, which the
+    /// bench `examples/host_cores_bench.rs` compares).
+    pub fn new(cores: usize, quantum_us: u64, pin: bool) -> Result<Self, CoresError> {
+        let cpus: Arc<Vec<usize>> = Arc::new(if pin { affinity::cpus() } else { Vec::new() });
+        let mut gate = CoreGate::new(cores, quantum_us.saturating_mul(1_000))?;
+        if pin {
+            let to = Arc::clone(&cpus);
+            let handoff: Handoff = Box::new(move |tid, core| affinity::pin(tid, &to, core));
+            gate = gate.with_handoff(handoff);
+        }
+        Ok(HostCores {
+            gate: Arc::new(gate),
+            rotations: Arc::new(AtomicU64::new(0)),
+            cpus,
+        })
+    }
+
     /// Times a step gave its core to a waiter at a checkpoint.
     pub fn rotations(&self) -> u64 {
         self.rotations.load(Ordering::Relaxed)
@@ -95,6 +124,8 @@ impl HostCores {
 
 struct Held {
     cores: HostCores,
+    core: usize,
+    tid: u64,
     since: Instant,
 }
 
@@ -106,10 +137,14 @@ thread_local! {
 /// gate. Checkpoints inside `f` on this thread may hand the core over and wait again.
 pub fn on_core<T>(cores: Option<&HostCores>, f: impl FnOnce() -> T) -> T {
     let Some(c) = cores else { return f() };
-    c.gate.acquire();
+    let tid = affinity::tid();
+    let core = c.gate.acquire(tid);
+    affinity::pin(tid, &c.cpus, core);
     HELD.with_borrow_mut(|h| {
         *h = Some(Held {
             cores: c.clone(),
+            core,
+            tid,
             since: Instant::now(),
         })
     });
@@ -117,8 +152,9 @@ pub fn on_core<T>(cores: Option<&HostCores>, f: impl FnOnce() -> T) -> T {
     struct Release<'a>(&'a CoreGate);
     impl Drop for Release<'_> {
         fn drop(&mut self) {
-            HELD.with_borrow_mut(|h| *h = None);
-            self.0.release();
+            if let Some(h) = HELD.with_borrow_mut(Option::take) {
+                self.0.release(h.core);
+            }
         }
     }
     let _release = Release(&c.gate);
@@ -134,11 +170,71 @@ pub fn checkpoint() {
         let Some(h) = h.as_mut() else { return };
         let held = h.since.elapsed().as_nanos() as u64;
         if h.cores.gate.should_yield(held) {
-            h.cores.gate.rotate();
+            h.core = h.cores.gate.rotate(h.core, h.tid);
+            affinity::pin(h.tid, &h.cores.cpus, h.core);
             h.cores.rotations.fetch_add(1, Ordering::Relaxed);
             h.since = Instant::now();
         }
     });
+}
+
+/// Thread ids and CPU affinity: Linux's `gettid` and `sched_{get,set}affinity`; no-ops
+/// elsewhere (the round robin then runs unpinned).
+mod affinity {
+    /// This thread's id.
+    #[cfg(target_os = "linux")]
+    pub(super) fn tid() -> u64 {
+        // SAFETY: gettid has no preconditions.
+        unsafe { libc::gettid() as u64 }
+    }
+
+    /// The CPUs this process may run on, ascending.
+    #[cfg(target_os = "linux")]
+    pub(super) fn cpus() -> Vec<usize> {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; the size passed is its own.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+                return Vec::new();
+            }
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    }
+
+    /// Pin thread `tid` to the CPU of gate core `core` (a failure leaves it unpinned: the
+    /// round robin still holds, only the placement is the kernel's).
+    #[cfg(target_os = "linux")]
+    pub(super) fn pin(tid: u64, cpus: &[usize], core: usize) {
+        if cpus.is_empty() {
+            return;
+        }
+        // SAFETY: as in `cpus`; CPU_SET is given a CPU below CPU_SETSIZE (one the process
+        // may run on).
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpus[core % cpus.len()], &mut set);
+            libc::sched_setaffinity(
+                tid as libc::pid_t,
+                std::mem::size_of::<libc::cpu_set_t>(),
+                &set,
+            );
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn tid() -> u64 {
+        0
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn cpus() -> Vec<usize> {
+        Vec::new()
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn pin(_tid: u64, _cpus: &[usize], _core: usize) {}
 }
 
 #[cfg(test)]
@@ -147,14 +243,14 @@ mod tests {
 
     #[test]
     fn os_and_gpu_runs_get_no_gate_and_round_robin_gets_the_host_cores() {
-        assert!(HostSched::Os.gate(Some(2.0)).unwrap().is_none());
-        assert!(HostSched::default().gate(None).unwrap().is_none());
-        let g = HostSched::default().gate(Some(2.0)).unwrap().unwrap();
+        assert!(HostSched::default().gate(Some(2.0)).unwrap().is_none());
+        assert!(HostSched::round_robin().gate(None).unwrap().is_none());
+        let g = HostSched::round_robin().gate(Some(2.0)).unwrap().unwrap();
         assert_eq!(g.cores(), 2);
         let q0 = HostSched::RoundRobin { quantum_us: 0 }.gate(Some(2.0));
         assert!(q0.unwrap_err().to_string().contains("quantum"));
         assert_eq!(HostSched::Os.name(), "os");
-        assert_eq!(HostSched::default().name(), "round_robin");
+        assert_eq!(HostSched::round_robin().name(), "round_robin");
     }
 
     /// Three threads on one core with a 1 us quantum: each step holds the core alone
@@ -187,6 +283,13 @@ mod tests {
             h.join().unwrap();
         }
         assert!(c.rotations() > 0, "no hand-over at any checkpoint");
+        // A step runs pinned to the one CPU of its core (Linux).
+        #[cfg(target_os = "linux")]
+        on_core(Some(&c), || {
+            let mine = affinity::cpus();
+            assert_eq!(mine.len(), 1, "pinned to one CPU: {mine:?}");
+            assert!(c.cpus.contains(&mine[0]));
+        });
         // Outside a step a checkpoint does nothing.
         checkpoint();
     }

@@ -36,33 +36,67 @@ fn sgemm(
         a.len() >= m * k && b.len() >= k * n && c.len() >= m * n,
         "{what}"
     );
-    // An operator boundary: a step sharing the host's cores may hand its core over here.
-    crate::cores::checkpoint();
     if m == 0 || n == 0 {
+        crate::cores::checkpoint();
         return;
     }
-    // SAFETY: `a` holds m*k values (row-major, strides k, 1), `b` k*n values read with
-    // `b_strides` (row-major B: (n, 1); B = b^T of an n x k `b`: (1, k)), `c` m*n values
-    // (strides n, 1), all checked above; `c` does not alias `a` or `b` (a `&mut` borrow).
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            k as isize,
-            1,
-            b.as_ptr(),
-            b_strides.0,
-            b_strides.1,
-            0.0,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
+    // Tiles of about CHECKPOINT_MACS multiply-adds, each after an operator boundary where
+    // a step sharing the host's cores may hand its core over: the hand-over granularity is
+    // then a fraction of a millisecond whatever the layer's size, the same for every kind
+    // of step (with whole GEMMs as boundaries the ViT's, several ms each, would hold a core
+    // far longer than a decode iteration's). Tiles are at least TILE_ROWS x TILE_COLS, so
+    // packing (sgemm packs the A rows and B columns of each call) stays a small part of a
+    // call's work. Every element's result is that of one call over the whole matrices:
+    // sgemm computes each element of C from its row of A, its column of B and the same
+    // k-blocks, whatever the tile.
+    let (rows_per, cols_per) = if m * k * n <= CHECKPOINT_MACS {
+        (m, n)
+    } else {
+        let rows = TILE_ROWS.min(m);
+        let cols = (CHECKPOINT_MACS / (rows * k).max(1))
+            .max(TILE_COLS)
+            .next_multiple_of(16);
+        (rows, cols.min(n))
+    };
+    for r0 in (0..m).step_by(rows_per) {
+        let rows = rows_per.min(m - r0);
+        for c0 in (0..n).step_by(cols_per) {
+            let cols = cols_per.min(n - c0);
+            crate::cores::checkpoint();
+            // SAFETY: `a` holds m*k values (row-major, strides k, 1), `b` k*n values read
+            // with `b_strides` (row-major B: (n, 1); B = b^T of an n x k `b`: (1, k)), `c`
+            // m*n values (strides n, 1), all checked above; rows `r0..r0 + rows` of A and
+            // C and columns `c0..c0 + cols` of B and C are inside them; `c` does not alias
+            // `a` or `b` (a `&mut` borrow).
+            unsafe {
+                matrixmultiply::sgemm(
+                    rows,
+                    k,
+                    cols,
+                    1.0,
+                    a.as_ptr().add(r0 * k),
+                    k as isize,
+                    1,
+                    b.as_ptr().offset(c0 as isize * b_strides.1),
+                    b_strides.0,
+                    b_strides.1,
+                    0.0,
+                    c.as_mut_ptr().add(r0 * n + c0),
+                    n as isize,
+                    1,
+                );
+            }
+        }
     }
 }
+
+/// About the most multiply-adds one sgemm call does between two operator boundaries
+/// ([`crate::cores::checkpoint`]): 2^22, ~0.1-0.2 ms on one core of the 2-core VM.
+const CHECKPOINT_MACS: usize = 1 << 22;
+/// The smallest tile of a split GEMM: rows of A and C ...
+const TILE_ROWS: usize = 128;
+/// ... and columns of B and C.
+const TILE_COLS: usize = 128;
 
 /// Where the dense layers' GEMMs run: the host (`matrixmultiply`) or a device.
 pub(crate) trait LinearExec {
@@ -284,6 +318,10 @@ pub(crate) fn attention(
     }
     matmul_bt(&sc.q, rows, head_dim, &sc.k, keys, &mut sc.s);
     for (r, row) in sc.s.chunks_exact_mut(keys).enumerate() {
+        if r % 64 == 63 {
+            // An operator boundary inside a long softmax (the ViT's full attention).
+            crate::cores::checkpoint();
+        }
         let (seen, masked) = row.split_at_mut(visible(r).clamp(1, keys));
         masked.fill(0.0);
         sc.inv.push(1.0 / softmax_numerator(seen));
@@ -382,6 +420,57 @@ mod tests {
         }
         assert_eq!(exp2_neg(0.0), 1.0);
         assert!(exp2_neg(f32::NEG_INFINITY) < 3e-38);
+    }
+
+    /// A GEMM done in tiles between checkpoints gives the bits of one sgemm call over the
+    /// whole matrices, for shapes split into several tiles (ragged last ones) and not.
+    #[test]
+    fn a_gemm_in_tiles_is_the_same_bits_as_one_call() {
+        let mut rng = Rng::stream(3, "row blocks");
+        for (m, k, n) in [
+            (1000, 192, 576),
+            (257, 256, 384),
+            (300, 704, 4000),
+            (5, 64, 64),
+        ] {
+            assert_eq!(m * k * n > CHECKPOINT_MACS, m > 5, "{m}x{k}x{n}");
+            let a = normal(&mut rng, m * k);
+            let b = normal(&mut rng, k * n);
+            let mut blocks = vec![0.0; m * n];
+            matmul(&a, m, k, &b, n, &mut blocks);
+            let mut whole = vec![0.0; m * n];
+            // SAFETY: the buffers are sized m*k, k*n and m*n, row-major.
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    k,
+                    n,
+                    1.0,
+                    a.as_ptr(),
+                    k as isize,
+                    1,
+                    b.as_ptr(),
+                    n as isize,
+                    1,
+                    0.0,
+                    whole.as_mut_ptr(),
+                    n as isize,
+                    1,
+                );
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&blocks) == bits(&whole), "{m}x{k}x{n}");
+            // The same through `matmul_bt`, with B given transposed (n x k).
+            let mut bt = vec![0.0; n * k];
+            for (i, row) in b.chunks_exact(n).enumerate() {
+                for (j, v) in row.iter().enumerate() {
+                    bt[j * k + i] = *v;
+                }
+            }
+            let mut tiles_bt = vec![0.0; m * n];
+            matmul_bt(&a, m, k, &bt, n, &mut tiles_bt);
+            assert!(bits(&tiles_bt) == bits(&whole), "bt {m}x{k}x{n}");
+        }
     }
 
     /// The AVX2 build of the softmax gives the baseline build's bits.
