@@ -346,6 +346,7 @@ fn run_cmd(a: RunArgs) -> Result<()> {
     let opts = RunOptions {
         kv_path: a.kv_path.path()?,
         host_sched: a.sched.sched(),
+        probe_host: Some(study::HOST_PROBE),
         ..RunOptions::default()
     };
     let (trace, bs) = a.workload.load()?;
@@ -383,6 +384,17 @@ fn run_cmd(a: RunArgs) -> Result<()> {
         s.actions,
         if s.same_decisions { "yes" } else { "NO" }
     );
+    if let (Some(b), Some(a)) = (s.host_before, s.host_after) {
+        println!(
+            "host cores before / after the run: {:.0} / {:.0} work units per ms on {} cores ({:.2} / {:.2} of {} x one thread alone)",
+            b.all_per_ms,
+            a.all_per_ms,
+            b.cores,
+            b.parallel_share(),
+            a.parallel_share(),
+            b.cores
+        );
+    }
     match s.host_sched {
         HostSched::Os => println!("compute threads scheduled by the kernel"),
         HostSched::RoundRobin { quantum_us } => println!(

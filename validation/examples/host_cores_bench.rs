@@ -7,15 +7,11 @@
 //! (defaults 5, one more than the host's cores, 1000). No assertions: it measures.
 use std::time::{Duration, Instant};
 
-use moonagent_validation::cores::{checkpoint, on_core, HostCores};
+use moonagent_validation::cores::{checkpoint, on_core, probe_unit, HostCores};
 
-/// One chunk of integer work (~40 us on the 2-core VM), then an operator boundary.
+/// One unit of integer work (the host probe's), then an operator boundary.
 fn chunk() {
-    let mut x = 1u64;
-    for i in 0..20_000u64 {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
-    }
-    std::hint::black_box(x);
+    probe_unit();
     checkpoint();
 }
 

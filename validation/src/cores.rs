@@ -178,6 +178,67 @@ pub fn checkpoint() {
     });
 }
 
+/// What the host's cores delivered just then: a fixed integer loop's rate on one thread
+/// and on every core at once. A shared host (a VM whose neighbours or quota take CPU
+/// away) can deliver far less than its cores for minutes at a time; a run's summary
+/// records a probe before and after it, so a run taken while the host's capacity moved is
+/// visible as such instead of as a simulator error.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HostProbe {
+    /// Cores probed at once.
+    pub cores: usize,
+    /// Work units per millisecond on one thread.
+    pub one_per_ms: f64,
+    /// Work units per millisecond on all `cores` threads together.
+    pub all_per_ms: f64,
+}
+
+impl HostProbe {
+    /// The all-core rate as a share of `cores` times the one-thread rate (1.0: every core
+    /// delivered what one thread alone did).
+    pub fn parallel_share(&self) -> f64 {
+        self.all_per_ms / (self.cores as f64 * self.one_per_ms).max(f64::MIN_POSITIVE)
+    }
+}
+
+/// One work unit of [`probe`]: a fixed integer loop (~40 us on the 2-core VM).
+pub fn probe_unit() {
+    let mut x = 1u64;
+    for i in 0..20_000u64 {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(i);
+    }
+    std::hint::black_box(x);
+}
+
+/// Probe the host for `window` on one thread, then `window` on every core.
+pub fn probe(window: std::time::Duration) -> HostProbe {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let run = |threads: usize| -> f64 {
+        let units: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        let t0 = Instant::now();
+                        let mut n = 0u64;
+                        while t0.elapsed() < window {
+                            probe_unit();
+                            n += 1;
+                        }
+                        n
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        units as f64 / (window.as_secs_f64() * 1e3).max(f64::MIN_POSITIVE)
+    };
+    HostProbe {
+        cores,
+        one_per_ms: run(1),
+        all_per_ms: run(cores),
+    }
+}
+
 /// Thread ids and CPU affinity: Linux's `gettid` and `sched_{get,set}affinity`; no-ops
 /// elsewhere (the round robin then runs unpinned).
 mod affinity {
@@ -240,6 +301,16 @@ mod affinity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_measures_every_core() {
+        let p = probe(std::time::Duration::from_millis(20));
+        assert!(
+            p.cores >= 1 && p.one_per_ms > 0.0 && p.all_per_ms > 0.0,
+            "{p:?}"
+        );
+        assert!(p.parallel_share() > 0.0);
+    }
 
     #[test]
     fn os_and_gpu_runs_get_no_gate_and_round_robin_gets_the_host_cores() {

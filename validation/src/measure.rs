@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{
     self, BackendError, Executor, KvLinkStats, KvPath, Measured, RunOptions, Timed, Work,
 };
-use crate::cores::HostSched;
+use crate::cores::{HostProbe, HostSched};
 
 /// Why a measured run could not be set up, run or written.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +92,21 @@ pub struct RunSummary {
     /// Times a step handed its host core to a waiting step ([`Measured::core_rotations`]).
     #[serde(default)]
     pub core_rotations: u64,
+    /// What the host's cores delivered just before the run ([`RunOptions::probe_host`]).
+    #[serde(default)]
+    pub host_before: Option<HostProbe>,
+    /// ... and just after it.
+    #[serde(default)]
+    pub host_after: Option<HostProbe>,
+}
+
+impl RunSummary {
+    /// The host's all-core rate after the run over the rate before it (1.0: unchanged),
+    /// when both were probed.
+    pub fn host_drift(&self) -> Option<f64> {
+        let (b, a) = (self.host_before?, self.host_after?);
+        Some(a.all_per_ms / b.all_per_ms.max(f64::MIN_POSITIVE))
+    }
 }
 
 fn host_sched_os() -> HostSched {
@@ -136,7 +151,9 @@ pub fn run_trace<S: Store>(
         .iter()
         .map(|r| (r.arrival_ns as f64 / speedup.max(1e-9)) as u64)
         .collect();
+    let host_before = opts.probe_host.map(crate::cores::probe);
     let mut m = backend::run(&mut e, &arrivals, exec, opts)?;
+    let host_after = opts.probe_host.map(crate::cores::probe);
     // The store client's KV puts, timed on the engine's thread, after the threads' records.
     m.timed.extend_from_slice(e.cache().store().timed());
     let readbacks = e.cache().counters().readbacks;
@@ -167,6 +184,8 @@ pub fn run_trace<S: Store>(
         kv_links: backend::kv_link_stats(&m.timed),
         host_sched: opts.host_sched,
         core_rotations: m.core_rotations,
+        host_before,
+        host_after,
     };
     Ok((m, summary))
 }

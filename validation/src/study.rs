@@ -124,6 +124,10 @@ impl Default for StudyConfig {
     }
 }
 
+/// How long each half of the host probe before and after every run takes (one thread,
+/// then every core).
+pub const HOST_PROBE: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Median of measured / predicted time of a run's compute steps with the fitted profile,
 /// per kind: `[encode, prefill, decode]` (decode iterations without extras). 1 when the
 /// steps ran as fast as when profiled alone; above 1 they ran slower in the run, e.g.
@@ -279,6 +283,7 @@ pub fn run_study(
                     1.0,
                     RunOptions {
                         host_sched: cfg.host_sched,
+                        probe_host: Some(HOST_PROBE),
                         ..RunOptions::default()
                     },
                 )?;
@@ -440,17 +445,27 @@ pub fn report(st: &Study) -> String {
             _ => String::new(),
         }
     ));
-    s.push_str("| mode | load | rate req/s | run | wall s | same decisions | step stretch E/P/D | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("Host before / after: what the host's cores delivered just before and just after the run, all cores at once as a share of the cores times one thread alone (1.00: every core at full speed); a run whose host changed under it measures the host as much as the backend.\n\n");
+    s.push_str("| mode | load | rate req/s | run | wall s | same decisions | host before / after | step stretch E/P/D | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &st.runs {
         let c = &r.comparison;
         s.push_str(&format!(
-            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
+            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {} | {} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
             r.mode,
             100.0 * r.load,
             r.rate,
             r.repeat,
             r.run.wall_s,
             if r.run.same_decisions { "yes" } else { "NO" },
+            match (r.run.host_before, r.run.host_after) {
+                (Some(b), Some(a)) => format!(
+                    "{:.2} / {:.2} (x{:.2})",
+                    b.parallel_share(),
+                    a.parallel_share(),
+                    a.all_per_ms / b.all_per_ms.max(f64::MIN_POSITIVE)
+                ),
+                _ => "-".into(),
+            },
             stretch_text(r.step_stretch),
             c.ttft.median_abs_pct,
             c.ttft.bias_pct,

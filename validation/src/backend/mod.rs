@@ -229,6 +229,9 @@ pub struct RunOptions {
     /// How the compute threads share the host's cores ([`Executor::shared_cores`]; no
     /// effect when the executor's compute is not the host's).
     pub host_sched: HostSched,
+    /// Probe the host's cores for this long (one thread, then every core) before and
+    /// after the run ([`crate::cores::probe`]), recorded in the run's summary.
+    pub probe_host: Option<Duration>,
 }
 
 impl Default for RunOptions {
@@ -238,6 +241,7 @@ impl Default for RunOptions {
             kv_path: KvPath::Tcp,
             verify_kv: false,
             host_sched: HostSched::default(),
+            probe_host: None,
         }
     }
 }
