@@ -542,11 +542,14 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         hints: AccessHints,
     ) -> StoreResult<ObjId> {
         self.advance(now);
-        let r = self.put_start_inner(now, key, size, cfg, hints);
+        let r = self.put_start_inner(now, key, size, cfg, hints, false);
         self.settle(now);
         r
     }
 
+    /// Reserve `key` (a put start), or with `complete` the whole put: the object is then
+    /// complete from its first filing (its lease is its put time either way), so the
+    /// victim index files it once.
     fn put_start_inner(
         &mut self,
         now: Nanos,
@@ -554,6 +557,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         size: u64,
         cfg: &ReplicateConfig,
         hints: AccessHints,
+        complete: bool,
     ) -> StoreResult<ObjId> {
         let key_hash = FxBuildHasher.hash_one(&key);
         if let Some(id) = self.find_hashed(key_hash, &key) {
@@ -584,7 +588,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
                 .soft_pin
                 .then(|| now.saturating_add(self.cfg.soft_pin_ttl_ns)),
             lease_timeout: now,
-            complete: false,
+            complete,
             readers: 0,
             put_time: now,
             insert_seq: seq,
@@ -696,15 +700,13 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         hints: AccessHints,
     ) -> StoreResult<ObjId> {
         self.advance(now);
-        let r = self.put_start_inner(now, key, payload.len(), cfg, hints);
+        let r = self.put_start_inner(now, key, payload.len(), cfg, hints, true);
         if let Ok(id) = r {
-            let m = &mut self.metas[id.index()];
-            m.complete = true;
+            let m = &self.metas[id.index()];
             let t = &mut self.stats.by_type[m.data_type.index()];
             t.puts += 1;
             t.put_bytes += m.size;
             self.slots[id.index()].payload = Some(payload);
-            self.reindex(id);
         }
         self.settle(now);
         r
