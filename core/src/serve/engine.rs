@@ -1039,8 +1039,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     fn start_encode(&mut self, now: Nanos, w: WorkerId) {
         let budget = u64::from(self.cfg.encoder_max_batch_tokens);
         let mut batch = Vec::new();
-        let mut tokens = Vec::new();
-        let mut images = Vec::new();
         let mut sum = 0u64;
         while let Some(&(job, idx)) = self.workers[w as usize].enc_q.front() {
             let t = self.jobs[job as usize].images[idx as usize].tokens;
@@ -1053,12 +1051,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             wk.load.encode_queued_ns -= ns;
             sum += u64::from(t);
             batch.push((job, idx));
-            tokens.push(t);
-            images.push(ImageRef {
-                job,
-                idx,
-                content: self.jobs[job as usize].images[idx as usize].content,
-            });
             let top = self.jobs[job as usize].top as usize;
             let rec = &mut self.tops[top].rec;
             // Stage times are the request's own path; re-run branches do not move them.
@@ -1066,6 +1058,17 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 rec.encode_start_ns = now;
             }
         }
+        // The action's lists follow the batch (each allocated once, at its size).
+        let img = |&(job, idx): &(JobId, u32)| self.jobs[job as usize].images[idx as usize];
+        let tokens: Vec<u32> = batch.iter().map(|b| img(b).tokens).collect();
+        let images: Vec<ImageRef> = batch
+            .iter()
+            .map(|b| ImageRef {
+                job: b.0,
+                idx: b.1,
+                content: img(b).content,
+            })
+            .collect();
         self.mark_busy(w, now, |p| p.encode_ns(&tokens));
         self.workers[w as usize].inflight = Inflight::Encode(batch);
         self.actions.push(Action::Encode {
@@ -1078,8 +1081,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     fn start_prefill(&mut self, now: Nanos, w: WorkerId) {
         let mut budget = self.cfg.prefill_chunk_tokens;
         let mut chunks = Vec::new();
-        let mut shapes = Vec::new();
-        let mut jobs = Vec::new();
         let n = self.workers[w as usize].pre_q.len();
         for k in 0..n {
             if budget == 0 {
@@ -1091,13 +1092,23 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             let take = left.min(budget);
             budget -= take;
             chunks.push((job, take));
-            jobs.push((job, j.prompt));
-            shapes.push((take, j.cached_prefix + j.prefill_done));
             let top = j.top as usize;
             if j.branch.is_none() && self.tops[top].rec.prefill_start_ns == NONE {
                 self.tops[top].rec.prefill_start_ns = now;
             }
         }
+        // The action's lists follow the chunks (each allocated once, at its size).
+        let shapes: Vec<(u32, u32)> = chunks
+            .iter()
+            .map(|&(job, take)| {
+                let j = &self.jobs[job as usize];
+                (take, j.cached_prefix + j.prefill_done)
+            })
+            .collect();
+        let jobs: Vec<(JobId, u32)> = chunks
+            .iter()
+            .map(|&(job, _)| (job, self.jobs[job as usize].prompt))
+            .collect();
         self.mark_busy(w, now, |p| p.prefill_ns(&shapes));
         self.workers[w as usize].inflight = Inflight::Prefill(chunks);
         self.actions.push(Action::Prefill {
