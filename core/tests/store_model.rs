@@ -382,6 +382,9 @@ fn run<K: StrKey>(ops: Vec<Op>, interval: u64) {
             0,
             "policy proposed an illegal victim"
         );
+        if let Err(e) = s.check_index() {
+            panic!("{e}");
+        }
         for (k, o) in &m.objs {
             let meta = K::with_lookup(k, |q| s.peek(q)).expect("model object present in store");
             assert_eq!(meta.complete, o.complete);

@@ -87,6 +87,18 @@ impl TraceReader {
     }
 }
 
+impl TraceReader {
+    /// Every request, validated: a JSONL trace parsed on up to `threads` threads
+    /// ([`JsonlReader::collect_parallel`]), a Parquet one read in order. The same requests
+    /// and the same first error as collecting the iterator.
+    pub fn collect_all(self, threads: usize) -> Result<Vec<Request>, TraceError> {
+        match self {
+            TraceReader::Jsonl(r) => r.collect_parallel(threads),
+            TraceReader::Parquet(r) => r.collect(),
+        }
+    }
+}
+
 impl Iterator for TraceReader {
     type Item = Result<Request, TraceError>;
     fn next(&mut self) -> Option<Self::Item> {

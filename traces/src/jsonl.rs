@@ -6,7 +6,7 @@
 //! and runs the [`Validator`] on each record.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -322,6 +322,168 @@ impl<R: BufRead> JsonlReader<R> {
     }
 }
 
+/// Input bytes a round of [`JsonlReader::collect_parallel`] parses (whole lines; a line
+/// longer than this makes its round longer).
+const WINDOW_BYTES: usize = 8 << 20;
+
+/// What one thread made of its share of a round's lines.
+struct ChunkOut {
+    /// Requests with their line's index in the chunk.
+    reqs: Vec<(usize, Request)>,
+    /// The chunk's first bad line (its index) and what is wrong; the chunk stops there.
+    err: Option<(usize, FieldError)>,
+    /// Lines in the chunk.
+    lines: usize,
+}
+
+/// Parse whole lines (each ended by `\n`, the last one also by the end of input when
+/// `eof`), as [`JsonlReader`]'s iteration does line by line: `\r\n` endings, blank lines
+/// skipped, the line length guard.
+fn parse_chunk(chunk: &[u8], eof: bool) -> ChunkOut {
+    let mut out = ChunkOut {
+        reqs: Vec::new(),
+        err: None,
+        lines: 0,
+    };
+    let mut rest = chunk;
+    while !rest.is_empty() {
+        let (line, nl) = match rest.iter().position(|&b| b == b'\n') {
+            Some(p) => (&rest[..p], 1),
+            None => (rest, 0),
+        };
+        rest = &rest[line.len() + nl..];
+        let i = out.lines;
+        out.lines += 1;
+        // `read_line` takes at most MAX_LINE_BYTES + 1 bytes, newline included.
+        if line.len() + nl > MAX_LINE_BYTES {
+            out.err = Some((
+                i,
+                FieldError::new(
+                    "(record)",
+                    format!(
+                        "line longer than {MAX_LINE_BYTES} bytes; expected one JSON object per line"
+                    ),
+                ),
+            ));
+            return out;
+        }
+        debug_assert!(nl == 1 || eof, "a round ends with a whole line");
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if is_blank(line) {
+            continue;
+        }
+        match parse_line::<Request>(line) {
+            Ok(r) => out.reqs.push((i, r)),
+            Err(e) => {
+                out.err = Some((i, e));
+                return out;
+            }
+        }
+    }
+    out
+}
+
+/// `block` cut into at most `n` pieces of whole lines.
+fn split_lines(block: &[u8], n: usize) -> Vec<&[u8]> {
+    let mut pieces = Vec::with_capacity(n);
+    let mut rest = block;
+    for k in (1..=n).rev() {
+        if rest.is_empty() {
+            break;
+        }
+        let want = (rest.len() / k).max(1);
+        let cut = match rest[want - 1..].iter().position(|&b| b == b'\n') {
+            Some(p) if k > 1 => want + p,
+            _ => rest.len(),
+        };
+        pieces.push(&rest[..cut]);
+        rest = &rest[cut..];
+    }
+    pieces
+}
+
+impl<R: BufRead> JsonlReader<R> {
+    /// Every remaining request: the input is read a window at a time, each window's lines
+    /// parsed on up to `threads` threads and validated in file order, so the result (the
+    /// requests, or the first error with its line) is exactly what iterating the reader
+    /// gives. Memory: a window of input besides the requests.
+    pub fn collect_parallel(self, threads: usize) -> Result<Vec<Request>, TraceError> {
+        self.collect_windows(threads, WINDOW_BYTES)
+    }
+
+    fn collect_windows(
+        mut self,
+        threads: usize,
+        window: usize,
+    ) -> Result<Vec<Request>, TraceError> {
+        let mut out = Vec::new();
+        if self.done {
+            return Ok(out);
+        }
+        self.done = true;
+        let threads = threads.max(1);
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        let mut eof = false;
+        while !eof {
+            // Read until the window holds a whole line past `window` bytes, or the end.
+            let mut want = window.max(1);
+            let end = loop {
+                let need = want.saturating_sub(buf.len()).max(1) as u64;
+                let n = (&mut self.input)
+                    .take(need)
+                    .read_to_end(&mut buf)
+                    .map_err(|e| TraceError::io(&self.file, e))?;
+                if n == 0 {
+                    eof = true;
+                    break buf.len();
+                }
+                if let Some(p) = buf.iter().rposition(|&b| b == b'\n') {
+                    break p + 1;
+                }
+                if buf.len() > MAX_LINE_BYTES {
+                    // A line without its end past the guard: the iteration's error.
+                    break buf.len();
+                }
+                want = buf.len() + window.max(1);
+            };
+            let block = &buf[..end];
+            let pieces = split_lines(block, threads);
+            let outs: Vec<ChunkOut> = if pieces.len() <= 1 {
+                pieces.iter().map(|p| parse_chunk(p, eof)).collect()
+            } else {
+                std::thread::scope(|sc| {
+                    let handles: Vec<_> = pieces[1..]
+                        .iter()
+                        .map(|p| sc.spawn(move || parse_chunk(p, eof)))
+                        .collect();
+                    let mut v = vec![parse_chunk(pieces[0], eof)];
+                    v.extend(
+                        handles
+                            .into_iter()
+                            .map(|h| h.join().expect("a trace parsing thread panicked")),
+                    );
+                    v
+                })
+            };
+            for c in outs {
+                let base = self.line_no + 1;
+                for (i, r) in c.reqs {
+                    let at = Location::Line(base + i as u64);
+                    self.validator.check(&r).map_err(|e| e.at(&self.file, at))?;
+                    out.push(r);
+                }
+                if let Some((i, e)) = c.err {
+                    return Err(e.at(&self.file, Location::Line(base + i as u64)));
+                }
+                self.line_no += c.lines as u64;
+            }
+            buf.drain(..end);
+        }
+        Ok(out)
+    }
+}
+
 impl<R: BufRead> Iterator for JsonlReader<R> {
     type Item = Result<Request, TraceError>;
 
@@ -397,5 +559,130 @@ impl<W: Write> JsonlWriter<W> {
             .flush()
             .map_err(|e| TraceError::io(&self.file, e))?;
         Ok(self.out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gen::{Generated, GeneratorKind};
+    use proptest::prelude::*;
+
+    /// A valid JSONL trace of `n` W4 requests (forks, images, prefix blocks).
+    fn trace(n: usize) -> Vec<u8> {
+        let g = Generated::new(
+            GeneratorKind::W4,
+            None,
+            &[("requests".into(), n.to_string())],
+            3,
+        )
+        .unwrap();
+        let mut w = JsonlWriter::new(Vec::new(), "t.jsonl", &g.header).unwrap();
+        for r in g.requests {
+            w.write(&r.unwrap()).unwrap();
+        }
+        w.finish().unwrap()
+    }
+
+    /// What iterating gives: the requests, or the first error's text.
+    fn iterated(bytes: &[u8]) -> Result<Vec<Request>, String> {
+        let r = JsonlReader::from_reader(bytes, "t.jsonl").map_err(|e| e.to_string())?;
+        r.collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())
+    }
+
+    fn windowed(bytes: &[u8], threads: usize, window: usize) -> Result<Vec<Request>, String> {
+        let r = JsonlReader::from_reader(bytes, "t.jsonl").map_err(|e| e.to_string())?;
+        r.collect_windows(threads, window)
+            .map_err(|e| e.to_string())
+    }
+
+    /// An edit of a trace's lines after the header: what real files and broken ones do.
+    #[derive(Debug, Clone)]
+    enum Edit {
+        Blank(usize),
+        Crlf(usize),
+        Garble(usize, usize),
+        Truncate(usize, usize),
+        Swap(usize),
+        NoFinalNewline,
+    }
+
+    fn edit() -> impl Strategy<Value = Edit> {
+        prop_oneof![
+            (0usize..64).prop_map(Edit::Blank),
+            (0usize..64).prop_map(Edit::Crlf),
+            (0usize..64, 0usize..400).prop_map(|(l, c)| Edit::Garble(l, c)),
+            (0usize..64, 0usize..400).prop_map(|(l, c)| Edit::Truncate(l, c)),
+            (0usize..64).prop_map(Edit::Swap),
+            Just(Edit::NoFinalNewline),
+        ]
+    }
+
+    fn apply(bytes: &[u8], edits: &[Edit]) -> Vec<u8> {
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        let mut lines: Vec<Vec<u8>> = text.lines().map(|l| l.as_bytes().to_vec()).collect();
+        let mut final_newline = true;
+        let n = lines.len();
+        for e in edits {
+            // Line 0 is the header: edits start at line 1.
+            let at = |l: usize| 1 + l % (n - 1);
+            match *e {
+                Edit::Blank(l) => lines.insert(at(l), b"  ".to_vec()),
+                Edit::Crlf(l) => lines[at(l)].push(b'\r'),
+                Edit::Garble(l, c) => {
+                    let line = &mut lines[at(l)];
+                    if !line.is_empty() {
+                        let c = c % line.len();
+                        line[c] = b'#';
+                    }
+                }
+                Edit::Truncate(l, c) => {
+                    let line = &mut lines[at(l)];
+                    let c = c % (line.len() + 1);
+                    line.truncate(c);
+                }
+                Edit::Swap(l) => {
+                    let a = at(l);
+                    if a + 1 < lines.len() {
+                        lines.swap(a, a + 1);
+                    }
+                }
+                Edit::NoFinalNewline => final_newline = false,
+            }
+        }
+        let mut out = lines.join(&b'\n');
+        if final_newline {
+            out.push(b'\n');
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Parsed in windows on threads, a trace gives exactly what iterating gives: the
+        /// same requests, or the same first error (line and text), whatever the edits,
+        /// window sizes (lines straddling windows) and thread counts.
+        #[test]
+        fn windows_on_threads_read_what_iterating_reads(
+            edits in proptest::collection::vec(edit(), 0..4),
+            threads in 1usize..5,
+            window in prop_oneof![1usize..300, Just(WINDOW_BYTES)],
+        ) {
+            let bytes = apply(&trace(40), &edits);
+            let want = iterated(&bytes);
+            prop_assert_eq!(windowed(&bytes, threads, window), want);
+        }
+    }
+
+    #[test]
+    fn a_clean_trace_reads_whole_in_parallel() {
+        let bytes = trace(300);
+        let want = iterated(&bytes).unwrap();
+        assert_eq!(want.len(), 300);
+        for threads in 1..5 {
+            let r = JsonlReader::from_reader(&bytes[..], "t.jsonl").unwrap();
+            assert_eq!(r.collect_parallel(threads).unwrap(), want);
+        }
     }
 }

@@ -174,10 +174,21 @@ pub struct Engine<'a, S: Store, R: RequestView> {
     outputs: Option<Box<dyn EncoderOutputs + 'a>>,
     /// Open reads per key across all jobs ([`JobState::held`]).
     holding: rustc_hash::FxHashMap<StoreKey, u32>,
+    /// Encoders to start after a dispatch (scratch, reused).
+    to_kick: Vec<WorkerId>,
+    /// Image hashers with the header of (model, grid) already absorbed (see [`image_fp`]).
+    fp_starts: FpStarts,
 }
 
 /// Image fingerprints by (model, content, grid) for content-addressed keys.
 type FpMemo = rustc_hash::FxHashMap<([u8; 32], u64, u64, u64, u64), ImageFp>;
+
+/// Started image hashers by (model, grid): the header every fingerprint of that model and
+/// grid begins with, hashed once and cloned per image.
+type FpStarts = rustc_hash::FxHashMap<([u8; 32], u64, u64, u64), ImageHasher>;
+
+/// Entries [`FpStarts`] keeps before it starts afresh (one per model and grid in use).
+const FP_STARTS_CAP: usize = 4096;
 
 /// The fingerprint of `img` under `ctx`, salted by `scope` for request-scoped keys (B1).
 /// A pure function of its inputs: content-addressed ones are memoised so the engine pays
@@ -185,6 +196,7 @@ type FpMemo = rustc_hash::FxHashMap<([u8; 32], u64, u64, u64, u64), ImageFp>;
 /// they are not kept).
 fn image_fp(
     memo: &mut FpMemo,
+    starts: &mut FpStarts,
     ctx: &ModelCtx,
     img: &Img,
     scope: Option<u64>,
@@ -195,8 +207,21 @@ fn image_fp(
             return Ok(*fp);
         }
     }
-    let mut h = ImageHasher::new(&ctx.fp(), img.grid, &[16], Dtype::U8)
-        .map_err(|e| ServeError::Cache("image fingerprint", e.into()))?;
+    // The same bytes as `ImageHasher::new` then the two updates: the started state is a
+    // pure function of (model, grid).
+    let start = (ctx.fp().0, img.grid.t, img.grid.h, img.grid.w);
+    let mut h = match starts.get(&start) {
+        Some(h) => h.clone(),
+        None => {
+            let h = ImageHasher::new(&ctx.fp(), img.grid, &[16], Dtype::U8)
+                .map_err(|e| ServeError::Cache("image fingerprint", e.into()))?;
+            if starts.len() >= FP_STARTS_CAP {
+                starts.clear();
+            }
+            starts.insert(start, h.clone());
+            h
+        }
+    };
     h.update(&img.content.to_le_bytes());
     h.update(&scope.unwrap_or(u64::MAX).to_le_bytes());
     let fp = h
@@ -360,7 +385,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             prefills,
             decodes,
             rr: [0; 3],
-            jobs: Vec::new(),
+            // Every request is at least one job.
+            jobs: Vec::with_capacity(trace.len()),
             tops: Vec::with_capacity(trace.len()),
             cache: MmCache::with_config(store, CacheConfig::default()),
             ctxs: Vec::new(),
@@ -374,6 +400,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             pricing,
             outputs: None,
             holding: Default::default(),
+            to_kick: Vec::new(),
+            fp_starts: Default::default(),
         })
     }
 
@@ -727,25 +755,27 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         job: JobId,
         colo: Option<WorkerId>,
     ) -> Result<(), ServeError> {
-        let images = std::mem::take(&mut self.jobs[job as usize].images);
+        // The images kept (every first reference of a content) are compacted to the front
+        // of the job's own list, in order: `images[..kept]`.
+        let mut images = std::mem::take(&mut self.jobs[job as usize].images);
+        let mut kept = 0;
         let top = self.jobs[job as usize].top as usize;
         let tenant = self.trace[self.jobs[job as usize].trace_idx as usize].tenant();
-        let mut seen: Vec<u64> = Vec::with_capacity(images.len());
-        let mut kept = Vec::with_capacity(images.len());
-        let mut to_kick: Vec<WorkerId> = Vec::new();
+        let mut to_kick = std::mem::take(&mut self.to_kick);
+        to_kick.clear();
         let cache = self.cfg.mode.cache() && !images.is_empty();
         if cache {
             self.ensure_ctx(tenant)?;
         }
-        for img in images {
+        for r in 0..images.len() {
+            let img = images[r];
             self.counters.image_refs += 1;
             self.tops[top].rec.images += 1;
-            if seen.contains(&img.content) {
+            if images[..kept].iter().any(|k| k.content == img.content) {
                 self.tops[top].rec.images_dedup += 1;
                 self.counters.images_dedup += 1;
                 continue;
             }
-            seen.push(img.content);
             let bytes = u64::from(img.tokens) * self.cfg.encoder_bytes_per_token;
             let hit = if cache {
                 self.lookup(now, tenant, &img)?
@@ -759,15 +789,17 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 self.actions
                     .push(Action::EncodeAvoided { tokens: img.tokens });
                 self.jobs[job as usize].load_bytes += bytes;
-                kept.push(img);
+                images[kept] = img;
+                kept += 1;
                 continue;
             }
             let w = match colo {
                 Some(w) => w,
                 None => self.pick(now, 0),
             };
-            let idx = kept.len() as u32;
-            kept.push(img);
+            let idx = kept as u32;
+            images[kept] = img;
+            kept += 1;
             let ns = self.priced(|p| p.encode_ns(&[img.tokens]));
             let wk = &mut self.workers[w as usize];
             wk.enc_q.push_back((job, idx));
@@ -777,10 +809,12 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 to_kick.push(w);
             }
         }
-        self.jobs[job as usize].images = kept;
-        for w in to_kick {
+        images.truncate(kept);
+        self.jobs[job as usize].images = images;
+        for &w in &to_kick {
             self.kick(now, w)?;
         }
+        self.to_kick = to_kick;
         if self.jobs[job as usize].pending_images == 0 {
             self.images_ready(now, job)?;
         }
@@ -796,7 +830,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         img: &Img,
     ) -> Result<Option<ImageFp>, ServeError> {
         let ctx = &self.ctxs[tenant as usize];
-        let fp = image_fp(&mut self.fp_memo, ctx, img, None)?;
+        let fp = image_fp(&mut self.fp_memo, &mut self.fp_starts, ctx, img, None)?;
         let exp = ctx
             .expect(img.grid)
             .map_err(|e| ServeError::Cache("image grid", e))?;
@@ -857,7 +891,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         } else {
             Some(u64::from(job))
         };
-        let fp = image_fp(&mut self.fp_memo, ctx, &img, scope)?;
+        let fp = image_fp(&mut self.fp_memo, &mut self.fp_starts, ctx, &img, scope)?;
         let exp = ctx
             .expect(img.grid)
             .map_err(|e| ServeError::Cache("image grid", e))?;
@@ -1005,8 +1039,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     fn start_encode(&mut self, now: Nanos, w: WorkerId) {
         let budget = u64::from(self.cfg.encoder_max_batch_tokens);
         let mut batch = Vec::new();
-        let mut tokens = Vec::new();
-        let mut images = Vec::new();
         let mut sum = 0u64;
         while let Some(&(job, idx)) = self.workers[w as usize].enc_q.front() {
             let t = self.jobs[job as usize].images[idx as usize].tokens;
@@ -1019,12 +1051,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             wk.load.encode_queued_ns -= ns;
             sum += u64::from(t);
             batch.push((job, idx));
-            tokens.push(t);
-            images.push(ImageRef {
-                job,
-                idx,
-                content: self.jobs[job as usize].images[idx as usize].content,
-            });
             let top = self.jobs[job as usize].top as usize;
             let rec = &mut self.tops[top].rec;
             // Stage times are the request's own path; re-run branches do not move them.
@@ -1032,6 +1058,17 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 rec.encode_start_ns = now;
             }
         }
+        // The action's lists follow the batch (each allocated once, at its size).
+        let img = |&(job, idx): &(JobId, u32)| self.jobs[job as usize].images[idx as usize];
+        let tokens: Vec<u32> = batch.iter().map(|b| img(b).tokens).collect();
+        let images: Vec<ImageRef> = batch
+            .iter()
+            .map(|b| ImageRef {
+                job: b.0,
+                idx: b.1,
+                content: img(b).content,
+            })
+            .collect();
         self.mark_busy(w, now, |p| p.encode_ns(&tokens));
         self.workers[w as usize].inflight = Inflight::Encode(batch);
         self.actions.push(Action::Encode {
@@ -1044,8 +1081,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     fn start_prefill(&mut self, now: Nanos, w: WorkerId) {
         let mut budget = self.cfg.prefill_chunk_tokens;
         let mut chunks = Vec::new();
-        let mut shapes = Vec::new();
-        let mut jobs = Vec::new();
         let n = self.workers[w as usize].pre_q.len();
         for k in 0..n {
             if budget == 0 {
@@ -1057,13 +1092,23 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             let take = left.min(budget);
             budget -= take;
             chunks.push((job, take));
-            jobs.push((job, j.prompt));
-            shapes.push((take, j.cached_prefix + j.prefill_done));
             let top = j.top as usize;
             if j.branch.is_none() && self.tops[top].rec.prefill_start_ns == NONE {
                 self.tops[top].rec.prefill_start_ns = now;
             }
         }
+        // The action's lists follow the chunks (each allocated once, at its size).
+        let shapes: Vec<(u32, u32)> = chunks
+            .iter()
+            .map(|&(job, take)| {
+                let j = &self.jobs[job as usize];
+                (take, j.cached_prefix + j.prefill_done)
+            })
+            .collect();
+        let jobs: Vec<(JobId, u32)> = chunks
+            .iter()
+            .map(|&(job, _)| (job, self.jobs[job as usize].prompt))
+            .collect();
         self.mark_busy(w, now, |p| p.prefill_ns(&shapes));
         self.workers[w as usize].inflight = Inflight::Prefill(chunks);
         self.actions.push(Action::Prefill {

@@ -1,7 +1,9 @@
 //! `MemStore`: the embedded store, a sans-IO model of Mooncake's master and one segment.
 //!
 //! Objects live in a slab (`ObjId` = slot index) with a hash index from key to slot, so a
-//! policy scans a dense `&[ObjectMeta]`. Keys are generic: the [`Store`] impl takes `&str`
+//! policy scans a dense `&[ObjectMeta]`. The index holds only slot numbers, filed under
+//! each key's hash (kept in its meta, `ObjectMeta::key_hash`): a lookup hashes its key
+//! once and compares keys in the slab, a free removes its slot without touching the key. Keys are generic: the [`Store`] impl takes `&str`
 //! keys as Mooncake does, held as `String`s or as their compact [`StoreKey`] form (the
 //! simulator's); the simulator and replay also use their own keys through the same generic
 //! methods, so every driver runs the same code.
@@ -20,7 +22,8 @@
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
-use rustc_hash::{FxBuildHasher, FxHashMap};
+use hashbrown::HashTable;
+use rustc_hash::FxBuildHasher;
 use serde::{Deserialize, Serialize};
 
 use super::key::{StoreKey, StrKey};
@@ -30,6 +33,7 @@ use super::{
     AccessHints, Candidate, ConfigError, DataType, Nanos, Payload, ReplicateConfig, Store,
     StoreError, StoreResult, MS, SEC,
 };
+use crate::invariant::{violation, InvariantViolation};
 
 /// Slot index of an object in a [`MemStore`]; valid until the object is freed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -160,7 +164,8 @@ struct Slot<K> {
 pub struct MemStore<K = String> {
     cfg: MemStoreConfig,
     policy: Box<dyn EvictionPolicy>,
-    index: FxHashMap<K, ObjId>,
+    /// Live slots by key: each filed under its key's hash (`ObjectMeta::key_hash`).
+    index: HashTable<ObjId>,
     slots: Vec<Slot<K>>,
     metas: Vec<ObjectMeta>,
     free: Vec<ObjId>,
@@ -235,7 +240,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         Ok(Self {
             cfg,
             policy,
-            index: FxHashMap::default(),
+            index: HashTable::new(),
             slots: Vec::new(),
             metas: Vec::new(),
             free: Vec::new(),
@@ -286,7 +291,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
     where
         K: Borrow<Q>,
     {
-        self.index.get(key).map(|id| &self.metas[id.index()])
+        self.find(key).map(|id| &self.metas[id.index()])
     }
     /// Key of a live slot.
     pub fn key_of(&self, id: ObjId) -> Option<&K> {
@@ -299,6 +304,73 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
     /// Live keys, in slot order (an admin view, like `/get_all_keys`; grants no lease).
     pub fn keys(&self) -> impl Iterator<Item = &K> {
         self.slots.iter().filter_map(|s| s.key.as_ref())
+    }
+
+    /// Check the key index (INVARIANTS S12): it holds exactly the live slots, once each,
+    /// every one filed under its key's hash and found by its key. The property tests call
+    /// it after every operation.
+    pub fn check_index(&self) -> Result<(), InvariantViolation> {
+        let live = self.slots.iter().filter(|s| s.key.is_some()).count();
+        if self.index.len() != live || live as u64 != self.objects {
+            return Err(violation!(
+                "S12",
+                "the index holds {} slots, {live} are live, {} objects",
+                self.index.len(),
+                self.objects
+            ));
+        }
+        for &id in &self.index {
+            if self.slots.get(id.index()).is_none_or(|s| s.key.is_none()) {
+                return Err(violation!("S12", "slot {} indexed but free", id.0));
+            }
+        }
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(k) = &slot.key else { continue };
+            let h = FxBuildHasher.hash_one(k);
+            if self.metas[i].key_hash != h {
+                return Err(violation!(
+                    "S12",
+                    "slot {i}: key hash {} != {h}",
+                    self.metas[i].key_hash
+                ));
+            }
+            if self.index.find(h, |x| x.index() == i).is_none() {
+                return Err(violation!(
+                    "S12",
+                    "slot {i} is not filed under its key's hash"
+                ));
+            }
+            if self.find::<K>(k).map(|x| x.index()) != Some(i) {
+                return Err(violation!("S12", "slot {i}'s key finds another slot"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The slot of `key`, if live: one hash, then keys compared in the slab.
+    #[inline]
+    fn find<Q: Hash + Eq + ?Sized>(&self, key: &Q) -> Option<ObjId>
+    where
+        K: Borrow<Q>,
+    {
+        self.find_hashed(FxBuildHasher.hash_one(key), key)
+    }
+
+    /// [`MemStore::find`] of a key whose hash is `h`.
+    #[inline]
+    fn find_hashed<Q: Hash + Eq + ?Sized>(&self, h: u64, key: &Q) -> Option<ObjId>
+    where
+        K: Borrow<Q>,
+    {
+        let slots = &self.slots;
+        self.index
+            .find(h, |id| {
+                slots[id.index()]
+                    .key
+                    .as_ref()
+                    .is_some_and(|k| k.borrow() == key)
+            })
+            .copied()
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -440,8 +512,14 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
             ix.on_free(id, &self.metas[id.index()]);
         }
         let slot = &mut self.slots[id.index()];
-        if let Some(k) = slot.key.take() {
-            self.index.remove(&k);
+        if slot.key.take().is_some() {
+            // Filed under its key's hash: found by slot number, the key is not read.
+            if let Ok(e) = self
+                .index
+                .find_entry(self.metas[id.index()].key_hash, |&x| x == id)
+            {
+                e.remove();
+            }
         }
         slot.payload = None;
         let m = &mut self.metas[id.index()];
@@ -464,11 +542,14 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         hints: AccessHints,
     ) -> StoreResult<ObjId> {
         self.advance(now);
-        let r = self.put_start_inner(now, key, size, cfg, hints);
+        let r = self.put_start_inner(now, key, size, cfg, hints, false);
         self.settle(now);
         r
     }
 
+    /// Reserve `key` (a put start), or with `complete` the whole put: the object is then
+    /// complete from its first filing (its lease is its put time either way), so the
+    /// victim index files it once.
     fn put_start_inner(
         &mut self,
         now: Nanos,
@@ -476,8 +557,10 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         size: u64,
         cfg: &ReplicateConfig,
         hints: AccessHints,
+        complete: bool,
     ) -> StoreResult<ObjId> {
-        if let Some(&id) = self.index.get(&key) {
+        let key_hash = FxBuildHasher.hash_one(&key);
+        if let Some(id) = self.find_hashed(key_hash, &key) {
             let m = &self.metas[id.index()];
             if m.complete
                 || now
@@ -505,7 +588,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
                 .soft_pin
                 .then(|| now.saturating_add(self.cfg.soft_pin_ttl_ns)),
             lease_timeout: now,
-            complete: false,
+            complete,
             readers: 0,
             put_time: now,
             insert_seq: seq,
@@ -513,12 +596,12 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
             last_access_seq: seq,
             access_count: 0,
             hints,
-            key_hash: FxBuildHasher.hash_one(&key),
+            key_hash,
         };
         let id = match self.free.pop() {
             Some(id) => {
                 self.slots[id.index()] = Slot {
-                    key: Some(key.clone()),
+                    key: Some(key),
                     payload: None,
                 };
                 self.metas[id.index()] = meta;
@@ -529,14 +612,16 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
                     u32::try_from(self.slots.len()).map_err(|_| StoreError::NoAvailableHandle)?,
                 );
                 self.slots.push(Slot {
-                    key: Some(key.clone()),
+                    key: Some(key),
                     payload: None,
                 });
                 self.metas.push(meta);
                 id
             }
         };
-        self.index.insert(key, id);
+        let metas = &self.metas;
+        self.index
+            .insert_unique(key_hash, id, |x| metas[x.index()].key_hash);
         self.used_bytes += size;
         self.objects += 1;
         let t = &mut self.stats.by_type[cfg.data_type.index()];
@@ -561,7 +646,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
     {
         self.advance(now);
         let r = (|| {
-            let id = *self.index.get(key).ok_or(StoreError::NotFound)?;
+            let id = self.find(key).ok_or(StoreError::NotFound)?;
             let m = &mut self.metas[id.index()];
             if m.complete {
                 return Err(StoreError::AlreadyExists);
@@ -593,7 +678,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         K: Borrow<Q>,
     {
         self.advance(now);
-        let r = match self.index.get(key).copied() {
+        let r = match self.find(key) {
             None => Err(StoreError::NotFound),
             Some(id) if self.metas[id.index()].complete => Err(StoreError::AlreadyExists),
             Some(id) => {
@@ -615,15 +700,13 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         hints: AccessHints,
     ) -> StoreResult<ObjId> {
         self.advance(now);
-        let r = self.put_start_inner(now, key, payload.len(), cfg, hints);
+        let r = self.put_start_inner(now, key, payload.len(), cfg, hints, true);
         if let Ok(id) = r {
-            let m = &mut self.metas[id.index()];
-            m.complete = true;
+            let m = &self.metas[id.index()];
             let t = &mut self.stats.by_type[m.data_type.index()];
             t.puts += 1;
             t.put_bytes += m.size;
             self.slots[id.index()].payload = Some(payload);
-            self.reindex(id);
         }
         self.settle(now);
         r
@@ -640,7 +723,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         K: Borrow<Q>,
     {
         self.advance(now);
-        let Some(&id) = self.index.get(key) else {
+        let Some(id) = self.find(key) else {
             self.stats.read_misses += 1;
             return Err(StoreError::NotFound);
         };
@@ -768,7 +851,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         K: Borrow<Q>,
     {
         self.advance(now);
-        let r = match self.index.get(key).copied() {
+        let r = match self.find(key) {
             None => Err(StoreError::NotFound),
             Some(id) => {
                 let m = &mut self.metas[id.index()];
@@ -798,7 +881,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         K: Borrow<Q>,
     {
         self.advance(now);
-        let r = match self.index.get(key).copied() {
+        let r = match self.find(key) {
             None => Err(StoreError::NotFound),
             Some(id) => {
                 let m = &self.metas[id.index()];
