@@ -3,10 +3,11 @@
 //! Objects live in a slab (`ObjId` = slot index) with a hash index from key to slot, so a
 //! policy scans a dense `&[ObjectMeta]`. The index holds only slot numbers, filed under
 //! each key's hash (kept in its meta, `ObjectMeta::key_hash`): a lookup hashes its key
-//! once and compares keys in the slab, a free removes its slot without touching the key. Keys are generic: the [`Store`] impl takes `&str`
-//! keys as Mooncake does, held as `String`s or as their compact [`StoreKey`] form (the
-//! simulator's); the simulator and replay also use their own keys through the same generic
-//! methods, so every driver runs the same code.
+//! once and compares keys in the slab, a free removes its slot without touching the key.
+//! Keys are generic: the [`Store`] impl takes `&str` keys as Mooncake does, held as
+//! `String`s or as their compact [`StoreKey`] form (the simulator's); the simulator and
+//! replay also use their own keys through the same generic methods, so every driver runs
+//! the same code.
 //!
 //! [`StoreKey`]: super::StoreKey
 //!
