@@ -8,6 +8,7 @@
 #      Engine once per machine (~12-21 min on 2 cores; then it returns at once), then clippy and
 #      the feature's test target with the env it prints (MOONAGENT_SKIP_TRANSFER_ENGINE=1
 #      skips it, except under CI=true)
+#   3c. feature cuda's clippy and no-device tests (cudarc loads CUDA at run time: no GPU needed)
 #   4. loom model-checking of the fork's concurrent refcount/release paths and of the
 #      host-core gate (cfg(loom))
 #   5. the sweep results loaded in polars and pandas (Python venv, installed idempotently)
@@ -71,6 +72,13 @@ else
       2>&1 | grep -v '^I[0-9]\{8\} '
   )
 fi
+
+step "feature cuda (no GPU needed): clippy, CudaCompute's and the CLI's no-device paths"
+# cudarc loads the driver at run time, so this builds and runs anywhere; without a GPU the
+# tests check the errors (on a machine with one they compare against the CPU backend).
+cargo clippy -p moonagent -p moonagent-validation --features cuda --all-targets --quiet -- -D warnings
+cargo test -p moonagent --features cuda --quiet --test cli_validate_cuda
+cargo test -p moonagent-validation --features cuda --quiet --test compute_cuda
 
 step "pinned fingerprints derived independently (python3 hashlib)"
 python3 scripts/check_fingerprints.py

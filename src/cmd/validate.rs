@@ -59,6 +59,8 @@ struct ProfileArgs {
     seed: u64,
     #[command(flatten)]
     sched: HostSchedArgs,
+    #[command(flatten)]
+    device: ComputeArgs,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -68,6 +70,36 @@ enum StoreKind {
     /// A real Mooncake Store through the bridge (`scripts/mooncake.sh up`;
     /// `MOONAGENT_MOONCAKE_BRIDGE`).
     Mooncake,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ComputeKind {
+    /// The host's cores (matrixmultiply's sgemm).
+    Cpu,
+    /// An NVIDIA GPU: every dense layer's GEMM through cuBLAS on device memory (a build
+    /// with `--features cuda`; the driver and cuBLAS are loaded at run time).
+    Cuda,
+}
+
+/// Where the backend's operators run.
+#[derive(Args, Debug, Clone, Copy)]
+struct ComputeArgs {
+    /// The operators' device.
+    #[arg(long, value_enum, default_value = "cpu")]
+    compute: ComputeKind,
+    /// The GPU's ordinal (`--compute cuda`).
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+}
+
+impl ComputeArgs {
+    /// How reports name the device (`cpu`, `cuda:0`).
+    fn label(self) -> String {
+        match self.compute {
+            ComputeKind::Cpu => "cpu".into(),
+            ComputeKind::Cuda => format!("cuda:{}", self.gpu),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -176,6 +208,8 @@ struct RunArgs {
     kv_path: KvPathArg,
     #[command(flatten)]
     sched: HostSchedArgs,
+    #[command(flatten)]
+    device: ComputeArgs,
     /// Output folder.
     #[arg(long, default_value = "validate-run")]
     out: PathBuf,
@@ -223,11 +257,16 @@ struct AllArgs {
     /// A short run for tests: 30 requests, one repeat, a small profile grid.
     #[arg(long)]
     quick: bool,
+    /// Base profile whose parameters the fit adjusts (`h200` with `--compute cuda` on one).
+    #[arg(long, default_value = "cpu")]
+    base: String,
     /// Where each run keeps encoder outputs and prefix KV.
     #[arg(long, value_enum, default_value = "mem")]
     store: StoreKind,
     #[command(flatten)]
     sched: HostSchedArgs,
+    #[command(flatten)]
+    device: ComputeArgs,
 }
 
 fn mode_of(s: &str) -> Result<Mode> {
@@ -246,15 +285,44 @@ fn config(path: &Option<PathBuf>, mode: &Option<String>) -> Result<SimConfig> {
     Ok(cfg)
 }
 
-fn executor(cfg: &SimConfig, seed: u64) -> Result<Arc<dyn Executor>> {
+fn executor(cfg: &SimConfig, seed: u64, device: ComputeArgs) -> Result<Arc<dyn Executor>> {
     let spec = ModelSpec::resolve(&cfg.model).map_err(|e| anyhow::anyhow!("model: {e}"))?;
-    let compute = CpuCompute::new(&spec, seed).map_err(|e| anyhow::anyhow!("{e}"))?;
     let workers = if cfg.mode.disaggregated() {
         cfg.encoders + cfg.prefills + cfg.decodes
     } else {
         cfg.gpus / cfg.tp.max(1)
     };
+    match device.compute {
+        ComputeKind::Cpu => {
+            let compute = CpuCompute::new(&spec, seed).map_err(|e| anyhow::anyhow!("{e}"))?;
+            Ok(Arc::new(ComputeExecutor::new(compute, workers)))
+        }
+        ComputeKind::Cuda => cuda_executor(&spec, seed, device.gpu, workers),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_executor(
+    spec: &ModelSpec,
+    seed: u64,
+    gpu: usize,
+    workers: u32,
+) -> Result<Arc<dyn Executor>> {
+    let compute = moonagent_validation::compute::CudaCompute::new(spec, seed, gpu)
+        .map_err(|e| anyhow::anyhow!("--compute cuda: {e}"))?;
     Ok(Arc::new(ComputeExecutor::new(compute, workers)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_executor(
+    _spec: &ModelSpec,
+    _seed: u64,
+    _gpu: usize,
+    _workers: u32,
+) -> Result<Arc<dyn Executor>> {
+    bail!(
+        "--compute cuda: this moonagent was built without the `cuda` feature; build it with `cargo build --release --features cuda` (it builds without CUDA installed: the driver and cuBLAS are loaded when it runs)"
+    )
 }
 
 /// A real Mooncake Store through the bridge, under a fresh namespace: the store may hold
@@ -293,7 +361,7 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
         model: a.model.clone(),
         ..cpu_config(Mode::B0)
     };
-    let exec = executor(&cfg, a.seed)?;
+    let exec = executor(&cfg, a.seed, a.device)?;
     let spec = ModelSpec::resolve(&a.model).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
     let grid = Grid::cpu_default();
     let hold = grid.holdout(a.seed ^ 0x5eed, 8);
@@ -350,7 +418,7 @@ fn run_cmd(a: RunArgs) -> Result<()> {
         ..RunOptions::default()
     };
     let (trace, bs) = a.workload.load()?;
-    let exec = executor(&cfg, 0)?;
+    let exec = executor(&cfg, 0, a.device)?;
     let pb = progress::spinner("validate run", "", true);
     pb.set_message(format!("{} requests, {}", trace.len(), cfg.mode.name()));
     let r = match a.store {
@@ -457,6 +525,8 @@ fn all_cmd(a: AllArgs) -> Result<()> {
         repeats: a.repeats,
         loads: a.loads.clone(),
         host_sched: a.sched.sched(),
+        base_hardware: a.base.clone(),
+        compute: a.device.label(),
         ..StudyConfig::default()
     };
     if let Some(l) = cfg
@@ -476,7 +546,7 @@ fn all_cmd(a: AllArgs) -> Result<()> {
             ..ContentionPlan::quick()
         });
     }
-    let exec = executor(&cpu_config(Mode::B3), 0)?;
+    let exec = executor(&cpu_config(Mode::B3), 0, a.device)?;
     let mut mooncake = |_: &SimConfig, label: &str| -> Result<Box<dyn Store>, MeasureError> {
         mooncake_store(label)
             .map(|s| Box::new(s) as Box<dyn Store>)

@@ -106,6 +106,11 @@ pub struct StudyConfig {
     pub contention: Option<ContentionPlan>,
     /// How every run's (and the contention run's) compute threads share the host's cores.
     pub host_sched: HostSched,
+    /// The hardware profile whose parameters the fit adjusts (a name or a profile file):
+    /// `cpu` for the CPU backend, the GPU's own (`h200`) for the CUDA one.
+    pub base_hardware: String,
+    /// What ran the operators, as the report names it (`cpu`, `cuda:0`).
+    pub compute: String,
 }
 
 impl Default for StudyConfig {
@@ -120,6 +125,8 @@ impl Default for StudyConfig {
             holdout: 8,
             contention: Some(ContentionPlan::cpu_default()),
             host_sched: HostSched::default(),
+            base_hardware: "cpu".into(),
+            compute: "cpu".into(),
         }
     }
 }
@@ -190,6 +197,8 @@ pub struct Study {
     pub workers: u32,
     /// How the runs' compute threads shared the cores.
     pub host_sched: HostSched,
+    /// What ran the operators (`cpu`, `cuda:0`).
+    pub compute: String,
     /// The profile fit.
     pub profile: Profile,
     /// Simulated saturated throughput per mode, requests per second.
@@ -221,7 +230,8 @@ pub fn run_study(
 ) -> Result<Study, MeasureError> {
     let base = cpu_config(Mode::B0);
     let spec = ModelSpec::resolve(&base.model).map_err(|e| sim_models("model", e))?;
-    let hw0 = HardwareProfile::resolve(&base.hardware).map_err(|e| sim_models("hardware", e))?;
+    let hw0 =
+        HardwareProfile::resolve(&cfg.base_hardware).map_err(|e| sim_models("hardware", e))?;
     say("profiling operators (design grid)");
     let samples = profile::measure(&cfg.grid, exec.as_ref(), |_| {})?;
     say("profiling operators (hold-out set)");
@@ -309,6 +319,7 @@ pub fn run_study(
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         workers: base_cfg.encoders + base_cfg.prefills + base_cfg.decodes,
         host_sched: cfg.host_sched,
+        compute: cfg.compute.clone(),
         profile: fitted,
         capacity_rps: capacity,
         runs,
@@ -424,7 +435,8 @@ pub fn report(st: &Study) -> String {
         String::from("# moonagent validate: simulated vs measured\n\n## Operator profile\n\n");
     s.push_str(&profile_markdown(&st.profile));
     s.push_str(&format!(
-        "\n## Runs\n\n{} compute workers (threads) on {} cores, scheduled by {}{}. Step stretch E/P/D: median measured / profiled time of the run's encode, prefill and decode steps (1.00: as fast as profiled alone).\n\n",
+        "\n## Runs\n\nOperators on `{}`; {} compute workers (threads) on {} cores, scheduled by {}{}. Step stretch E/P/D: median measured / profiled time of the run's encode, prefill and decode steps (1.00: as fast as profiled alone).\n\n",
+        st.compute,
         st.workers,
         st.cores,
         match st.host_sched {
