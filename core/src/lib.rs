@@ -11,6 +11,7 @@ pub mod cores;
 pub mod faulty;
 pub mod fingerprint;
 pub mod fork;
+pub mod hint;
 pub mod invariant;
 pub mod mm_cache;
 pub mod rng;

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use moonagent_core::store::{DataType, MemStoreConfig, PolicyConfig};
 use moonagent_sim::progress;
-use moonagent_sim::replay::trace_cache::{key_of_bytes, key_of_file};
+use moonagent_sim::replay::trace_cache::{key_of_bytes, key_of_file, KeyHasher};
 pub use moonagent_sim::replay::{
     capacities, min_bounds, min_bounds_objects, results_table, CapacityRun,
 };
@@ -381,10 +381,15 @@ fn compile_trace(
     let read = || std::fs::read(path).with_context(|| format!("reading trace {}", path.display()));
     Ok(match format {
         TraceFormat::OracleGeneral => {
-            let bytes = read()?;
-            let c = Compiled::from_oracle_general_bytes(&bytes)
+            // Streamed in pieces, each hashed as it is decoded: no copy of the whole file,
+            // and the key is that of exactly the bytes compiled.
+            let f = std::fs::File::open(path)
+                .with_context(|| format!("reading trace {}", path.display()))?;
+            let len = f.metadata().map_or(0, |m| m.len());
+            let mut key = key_extra.map(KeyHasher::new);
+            let c = Compiled::from_oracle_general_reader(f, path, len, key.as_mut())
                 .map_err(|e| anyhow::anyhow!("--trace {}: {e}", path.display()))?;
-            (c, key_extra.map(|x| key_of_bytes(&bytes, x)))
+            (c, key.map(|k| k.finish()))
         }
         TraceFormat::Csv => {
             let bytes = read()?;

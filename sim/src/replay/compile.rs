@@ -323,16 +323,19 @@ impl Compiled {
         let mut objects = vec![0u32; n];
         for i in (0..n).rev() {
             let a = &mut accesses[i];
-            a.flags &= !REUSE;
+            // Every access is marked a re-reference here, and each object's first access
+            // is unmarked below: one write per object instead of one random write into
+            // the accesses per re-reference (two thirds of this pass's time on 10M).
+            a.flags |= REUSE;
             let fresh = seen.len() as u32;
             let e = seen.entry(key(a)).or_insert((NEVER, fresh));
             let next = std::mem::replace(&mut e.0, i as u32);
             a.next = next;
             objects[i] = e.1;
-            if next != NEVER {
-                // The later access has an earlier one (this): it is a re-reference.
-                accesses[next as usize].flags |= REUSE;
-            }
+        }
+        // After the backward pass each entry holds its object's first access.
+        for &(first, _) in seen.values() {
+            accesses[first as usize].flags &= !REUSE;
         }
         self.objects = objects.into();
         self.distinct = seen.len() as u32;

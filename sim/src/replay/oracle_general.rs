@@ -95,7 +95,75 @@ impl Compiled {
                 len: rem,
             });
         }
-        let n = bytes.len() / RECORD;
+        let mut c = Compiled::default();
+        c.accesses.reserve_exact(bytes.len() / RECORD);
+        let mut t = 0u64;
+        c.push_records(bytes, &mut t)?;
+        c.fill_next();
+        Ok(c)
+    }
+
+    /// Read and compile an `oracleGeneral` trace from `r` in 1 MiB pieces, each piece
+    /// also fed to `key` (so the key is that of exactly the bytes compiled). `len_hint`
+    /// (the file's length, if known) sizes the accesses once. Same result and errors as
+    /// [`Compiled::from_oracle_general_bytes`] on the same bytes, plus `Io` for `path`.
+    pub fn from_oracle_general_reader(
+        mut r: impl std::io::Read,
+        path: &Path,
+        len_hint: u64,
+        mut key: Option<&mut super::trace_cache::KeyHasher>,
+    ) -> Result<Self, OracleGeneralError> {
+        let io = |source| OracleGeneralError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut c = Compiled::default();
+        // A hint only (the file may change while it is read); capped at what a replay holds.
+        c.accesses
+            .reserve_exact((len_hint / RECORD as u64).min(u64::from(NEVER - 1)) as usize);
+        let mut t = 0u64;
+        // Records are decoded once the buffer (a whole number of them) is full, so none
+        // straddles two pieces.
+        let mut buf = vec![0u8; RECORD << 16];
+        let mut have = 0;
+        let mut total = 0usize;
+        loop {
+            let n = match r.read(&mut buf[have..]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io(e)),
+            };
+            if let Some(k) = key.as_deref_mut() {
+                k.update(&buf[have..have + n]);
+            }
+            total += n;
+            have += n;
+            if n == 0 {
+                break;
+            }
+            if have == buf.len() {
+                // `buf` holds a whole number of records.
+                c.push_records(&buf, &mut t)?;
+                have = 0;
+            }
+        }
+        let whole = have - have % RECORD;
+        c.push_records(&buf[..whole], &mut t)?;
+        if have % RECORD != 0 {
+            return Err(OracleGeneralError::Truncated {
+                offset: total - have % RECORD,
+                len: have % RECORD,
+            });
+        }
+        c.fill_next();
+        Ok(c)
+    }
+
+    /// Append whole records (`bytes.len()` a multiple of [`RECORD`]); `t` carries the
+    /// clamped time across calls.
+    fn push_records(&mut self, bytes: &[u8], t: &mut u64) -> Result<(), OracleGeneralError> {
+        debug_assert_eq!(bytes.len() % RECORD, 0);
+        let n = self.accesses.len() + bytes.len() / RECORD;
         if n >= NEVER as usize - 1 {
             return Err(OracleGeneralError::Record {
                 index: NEVER as usize - 1,
@@ -106,14 +174,11 @@ impl Compiled {
         // Decoded straight into accesses: every check `push` makes holds by construction
         // (sizes are u32, times are clamped to be non-decreasing, the count is checked).
         let general = DataType::General.index() as u8;
-        let mut c = Compiled::default();
-        c.accesses.reserve_exact(n);
-        let mut t = 0u64;
         for r in bytes.chunks_exact(RECORD) {
             let ts = u32::from_le_bytes(r[0..4].try_into().expect("4 bytes"));
-            t = t.max(u64::from(ts) * 1_000_000_000);
-            c.accesses.push(Access::new(
-                t,
+            *t = (*t).max(u64::from(ts) * 1_000_000_000);
+            self.accesses.push(Access::new(
+                *t,
                 u64::from_le_bytes(r[4..12].try_into().expect("8 bytes")),
                 u32::from_le_bytes(r[12..16].try_into().expect("4 bytes")),
                 0,
@@ -122,18 +187,18 @@ impl Compiled {
                 0,
             ));
         }
-        c.requests = n as u64;
-        c.fill_next();
-        Ok(c)
+        self.requests += (bytes.len() / RECORD) as u64;
+        Ok(())
     }
 
     /// Read and compile an `oracleGeneral` trace file.
     pub fn from_oracle_general(path: &Path) -> Result<Self, OracleGeneralError> {
-        let bytes = std::fs::read(path).map_err(|source| OracleGeneralError::Io {
+        let f = std::fs::File::open(path).map_err(|source| OracleGeneralError::Io {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_oracle_general_bytes(&bytes)
+        let len = f.metadata().map_or(0, |m| m.len());
+        Self::from_oracle_general_reader(f, path, len, None)
     }
 }
 
@@ -141,6 +206,7 @@ impl Compiled {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use zerocopy::IntoBytes;
 
     fn rec(ts: u32, id: u64, size: u32) -> Vec<u8> {
         let mut v = Vec::new();
@@ -160,7 +226,9 @@ mod tests {
         assert_eq!(c.accesses.len(), 3);
         assert_eq!(c.accesses[0].next, 2);
         assert_eq!(c.accesses[2].time, 6_000_000_000);
+        // Only a later access of an object is a re-reference, never its first.
         assert!(c.accesses[2].is_reuse());
+        assert!(!c.accesses[0].is_reuse() && !c.accesses[1].is_reuse());
         assert_eq!(c.distinct, 2);
     }
 
@@ -182,7 +250,70 @@ mod tests {
         );
     }
 
+    /// A reader handing out at most `step` bytes per call (short reads, as pipes do).
+    struct Trickle<'a> {
+        bytes: &'a [u8],
+        step: usize,
+    }
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.step).min(self.bytes.len());
+            buf[..n].copy_from_slice(&self.bytes[..n]);
+            self.bytes = &self.bytes[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn the_streamed_reader_spans_its_buffer_and_hashes_every_byte() {
+        // More than one 1.5 MiB buffer, read in pieces that split records.
+        let b: Vec<u8> = (0..70_000u32)
+            .flat_map(|i| rec(i / 7, u64::from(i % 5_000), 1 + i % 3))
+            .collect();
+        let want = Compiled::from_oracle_general_bytes(&b).unwrap();
+        let mut key = crate::replay::trace_cache::KeyHasher::new(b"x");
+        let got = Compiled::from_oracle_general_reader(
+            Trickle {
+                bytes: &b,
+                step: 100_003,
+            },
+            Path::new("t"),
+            0,
+            Some(&mut key),
+        )
+        .unwrap();
+        assert_eq!(got.accesses.as_bytes(), want.accesses.as_bytes());
+        assert_eq!(got.objects.as_bytes(), want.objects.as_bytes());
+        assert_eq!((got.requests, got.distinct), (70_000, 5_000));
+        assert_eq!(
+            key.finish(),
+            crate::replay::trace_cache::key_of_bytes(&b, b"x")
+        );
+    }
+
     proptest! {
+        /// The streamed reader gives what the in-memory decoder gives, errors included,
+        /// whatever the sizes of the reads.
+        #[test]
+        fn streamed_and_in_memory_agree(
+            b in proptest::collection::vec(any::<u8>(), 0..400),
+            step in 1usize..64,
+        ) {
+            let mem = Compiled::from_oracle_general_bytes(&b);
+            let streamed = Compiled::from_oracle_general_reader(
+                Trickle { bytes: &b, step }, Path::new("t"), b.len() as u64, None);
+            match (mem, streamed) {
+                (Ok(m), Ok(s)) => {
+                    prop_assert_eq!(m.accesses.as_bytes(), s.accesses.as_bytes());
+                    prop_assert_eq!(m.objects.as_bytes(), s.objects.as_bytes());
+                    prop_assert_eq!((m.requests, m.distinct), (s.requests, s.distinct));
+                }
+                (Err(m), Err(s)) => prop_assert_eq!(m.to_string(), s.to_string()),
+                (m, s) => prop_assert!(false, "differ: {:?} vs {:?}", m.is_ok(), s.is_ok()),
+            }
+        }
+
         /// Arbitrary bytes: a trace or an error, never a panic; whole records always decode.
         #[test]
         fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..400)) {

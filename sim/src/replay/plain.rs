@@ -25,6 +25,7 @@
 //! The policies agree with libCacheSim's hit counts exactly where their algorithms are the
 //! same (see `tests/python/test_libcachesim_oracle.py` and INVARIANTS R7).
 
+use moonagent_core::hint::prefetch;
 use moonagent_core::store::{
     DataType, EvictRequest, EvictionPolicy, ObjId, ObjectMeta, StoreStats,
 };
@@ -53,6 +54,9 @@ pub struct PlainConfig {
 }
 
 const NONE: u32 = u32::MAX;
+
+/// How many accesses ahead the replay prefetches object slots.
+const AHEAD: usize = 16;
 
 struct PlainCache {
     policy: Box<dyn EvictionPolicy>,
@@ -146,6 +150,17 @@ pub fn replay_plain(
     let mut by = [TypeResult::default(); DataType::COUNT];
     let objects: &[u32] = &compiled.objects;
     for (i, a) in compiled.accesses.iter().enumerate() {
+        // The object numbers are known ahead: fetch the slot of the access AHEAD on, and
+        // the metadata of the one AHEAD / 2 on (its slot has arrived by then). Hints only:
+        // what the replay reads and decides is unchanged.
+        if let Some(&o) = objects.get(i + AHEAD) {
+            prefetch(&c.slot_of[o as usize]);
+        }
+        if let Some(&o) = objects.get(i + AHEAD / 2) {
+            if let Some(m) = c.metas.get(c.slot_of[o as usize] as usize) {
+                prefetch(m);
+            }
+        }
         let obj = objects[i];
         let weight = match cfg.unit {
             CapacityUnit::Bytes => u64::from(a.size),

@@ -373,6 +373,12 @@ pub(crate) fn take_from_tail(
             _ => {}
         }
     }
+    // The next call starts where this one stopped: its slot's metadata and link are
+    // likely cold (the least recently queued), so fetch them now (a hint only).
+    if let Some(m) = objects.get(cur as usize) {
+        crate::hint::prefetch(m);
+        crate::hint::prefetch(&links.0[cur as usize]);
+    }
     let want = soft_quota(req, taken);
     out.extend(soft.iter().take(want));
 }
