@@ -773,4 +773,58 @@ mod tests {
         assert_eq!(ids(&mut ix, KV, false, 2_000, &o), [0, 1]);
         ix.check(&o).unwrap();
     }
+
+    /// A store's first put at time 0 has the key `(0, 0)` and no pin, which is also what
+    /// an empty slot's entry holds: it is still filed, and so is a put at time 0 completed
+    /// later.
+    #[test]
+    fn a_first_put_at_time_zero_is_filed() {
+        let mut o = vec![meta(GEN, 3, 0, 0, None), meta(GEN, 4, 0, 1, None)];
+        o[1].complete = false;
+        let mut ix = index_of(&o);
+        ix.check(&o).unwrap();
+        assert_eq!(ids(&mut ix, GEN, false, 0, &o), [0]);
+        // Slot 0 freed and reused by an in-progress put of seq 0 (key again `(0, 0)`),
+        // completed at time 0.
+        ix.on_free(ObjId(0), &o[0]);
+        o[0].complete = false;
+        ix.on_live(ObjId(0), &o[0]);
+        o[0].complete = true;
+        ix.update(ObjId(0), &o[0]);
+        o[1].complete = true;
+        ix.update(ObjId(1), &o[1]);
+        ix.check(&o).unwrap();
+        assert_eq!(ids(&mut ix, GEN, false, 0, &o), [0, 1]);
+    }
+
+    /// `update` re-files an object when any one part of its key or its pin changes, the
+    /// others unchanged.
+    #[test]
+    fn update_follows_each_part_of_the_key_alone() {
+        let base = vec![
+            meta(GEN, 1, 10, 0, Some(5_000)),
+            meta(GEN, 1, 20, 1, Some(5_000)),
+            meta(GEN, 1, 20, 2, Some(5_000)),
+        ];
+        let changes: [(&str, fn(&mut ObjectMeta), [u32; 3]); 3] = [
+            ("lease", |m| m.lease_timeout = 25, [1, 2, 0]),
+            ("seq", |m| m.insert_seq = 9, [0, 2, 1]),
+            ("pin", |m| m.soft_pin_until = Some(6_000), [0, 1, 2]),
+        ];
+        for (name, change, want) in changes {
+            let mut o = base.clone();
+            let mut ix = index_of(&o);
+            // Object 0 for the lease and the pin, 1 for the seq (its lease ties with 2's).
+            let id = if name == "seq" { 1 } else { 0 };
+            change(&mut o[id]);
+            ix.update(ObjId(id as u32), &o[id]);
+            ix.check(&o).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(ids(&mut ix, GEN, true, 100, &o), want, "{name}");
+            // The pin expires at its new time only.
+            ix.sync_pins(5_500);
+            let soft: Vec<u32> = ids(&mut ix, GEN, true, 5_500, &o);
+            let held = if name == "pin" { vec![0] } else { vec![] };
+            assert_eq!(soft, held, "{name}");
+        }
+    }
 }
