@@ -774,9 +774,9 @@ mod tests {
         ix.check(&o).unwrap();
     }
 
-    /// A store's first put at time 0 has the key `(0, 0)` and no pin, which is also what
-    /// an empty slot's entry holds: it is still filed, and so is a put at time 0 completed
-    /// later.
+    /// An object with the key `(0, 0)` and no pin (what an empty slot's entry also holds)
+    /// is still filed, at `on_live` and when completed later. `MemStore` starts
+    /// `insert_seq` at 1, so only other users of the public index can pass seq 0.
     #[test]
     fn a_first_put_at_time_zero_is_filed() {
         let mut o = vec![meta(GEN, 3, 0, 0, None), meta(GEN, 4, 0, 1, None)];
@@ -784,8 +784,8 @@ mod tests {
         let mut ix = index_of(&o);
         ix.check(&o).unwrap();
         assert_eq!(ids(&mut ix, GEN, false, 0, &o), [0]);
-        // Slot 0 freed and reused by an in-progress put of seq 0 (key again `(0, 0)`),
-        // completed at time 0.
+        // Slot 0 freed and reused by an in-progress object of key `(0, 0)`, completed at
+        // time 0.
         ix.on_free(ObjId(0), &o[0]);
         o[0].complete = false;
         ix.on_live(ObjId(0), &o[0]);
@@ -798,7 +798,8 @@ mod tests {
     }
 
     /// `update` re-files an object when any one part of its key or its pin changes, the
-    /// others unchanged.
+    /// others unchanged (`MemStore` never changes an indexed object's seq; the public
+    /// index does not rely on that).
     #[test]
     fn update_follows_each_part_of_the_key_alone() {
         let base = vec![
