@@ -807,7 +807,8 @@ mod tests {
             meta(GEN, 1, 20, 1, Some(5_000)),
             meta(GEN, 1, 20, 2, Some(5_000)),
         ];
-        let changes: [(&str, fn(&mut ObjectMeta), [u32; 3]); 3] = [
+        type Change = fn(&mut ObjectMeta);
+        let changes: [(&str, Change, [u32; 3]); 3] = [
             ("lease", |m| m.lease_timeout = 25, [1, 2, 0]),
             ("seq", |m| m.insert_seq = 9, [0, 2, 1]),
             ("pin", |m| m.soft_pin_until = Some(6_000), [0, 1, 2]),
