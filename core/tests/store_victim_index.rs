@@ -373,3 +373,57 @@ fn the_workload_reaches_every_branch() {
     assert!(soft > 50, "only {soft} soft-pinned victims");
     assert!(typed > 500, "only {typed} victims of type-aware with knobs");
 }
+
+/// A soft pin ends exactly at its expiry (`soft_pin_until` is exclusive): a run at that
+/// very time treats the object as unpinned in the index as in the scan. The random times
+/// above rarely land on the boundary; here the run is at it. Object 0 (general, 40 bytes,
+/// soft-pinned for 1 s) is put at 1 s; at 2 s two more general puts (40 and 20 bytes)
+/// bring the store to 100 of 100 bytes, above the 90% watermark, and a synchronous run
+/// evicts one object (5% of 3, rounded up) with soft-pinned objects protected: object 0,
+/// unpinned from 2 s and the oldest lease (1 s against 2 s).
+#[test]
+fn a_soft_pin_ends_exactly_at_its_expiry_in_the_index_too() {
+    let cfg = MemStoreConfig {
+        capacity_bytes: 100,
+        high_watermark: 0.9,
+        eviction_ratio: 0.05,
+        kv_lease_ttl_ns: 0,
+        soft_pin_ttl_ns: 1_000 * MS,
+        allow_evict_soft_pinned: false,
+        eviction_interval_ns: 0,
+        put_start_discard_timeout_ns: 3_000 * MS,
+    };
+    let put = |key, size, pin| Op::Put {
+        key,
+        size,
+        pin,
+        dt: 0,
+        lag_ms: 0,
+    };
+    // Keys 0, 3 and 6 are all general (`rc`: key % 3).
+    let ops = vec![
+        put(0, 40, 4),
+        Op::Wait { ms: 1_000 },
+        put(3, 40, 0),
+        put(6, 20, 0),
+    ];
+    for p in [
+        PolicyConfig::MooncakeDefault {},
+        PolicyConfig::TypeAware(TypeAwareConfig::default()),
+    ] {
+        run(cfg.clone(), p.clone(), ops.clone()).unwrap();
+        let (mut s, log) = store(&cfg, &p, true);
+        let mut now = 1_000 * MS;
+        for op in &ops {
+            if let Op::Wait { ms } = *op {
+                now += u64::from(ms) * MS;
+            }
+            apply(&mut s, op, now);
+        }
+        let victim = s.peek("k0").is_none();
+        assert!(victim, "{p:?}: object 0 not evicted");
+        assert_eq!(s.peek("k3").map(|m| m.size), Some(40), "{p:?}");
+        assert_eq!(s.peek("k6").map(|m| m.size), Some(20), "{p:?}");
+        assert_eq!(log.lock().unwrap().len(), 1, "{p:?}: one run");
+    }
+}

@@ -525,3 +525,308 @@ impl<K: Ord + Copy, F: FnMut(usize, Nanos, u64, ObjId) -> K> Iterator for Merge<
         Some((t, id))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::AccessHints;
+
+    const GEN: DataType = DataType::General;
+    const KV: DataType = DataType::KvCache;
+
+    /// A live, complete, unread object of `size` bytes.
+    fn meta(ty: DataType, size: u64, lease: Nanos, seq: u64, pin: Option<Nanos>) -> ObjectMeta {
+        ObjectMeta {
+            live: true,
+            size,
+            data_type: ty,
+            hard_pinned: false,
+            soft_pin_until: pin,
+            lease_timeout: lease,
+            complete: true,
+            readers: 0,
+            put_time: 0,
+            insert_seq: seq,
+            last_access: 0,
+            last_access_seq: seq,
+            access_count: 0,
+            hints: AccessHints::default(),
+            key_hash: seq,
+        }
+    }
+
+    fn index_of(objects: &[ObjectMeta]) -> VictimIndex {
+        let mut ix = VictimIndex::new();
+        for (i, m) in objects.iter().enumerate() {
+            ix.on_live(ObjId(i as u32), m);
+        }
+        ix
+    }
+
+    /// The ids a class yields at `now` (pins synced to `now` first).
+    fn ids(
+        ix: &mut VictimIndex,
+        ty: DataType,
+        soft: bool,
+        now: Nanos,
+        o: &[ObjectMeta],
+    ) -> Vec<u32> {
+        ix.sync_pins(now);
+        ix.candidates(ty.index(), soft, now, o)
+            .map(|(_, _, id)| id.0)
+            .collect()
+    }
+
+    /// Class 0 (general, unpinned) with an entry in each place, by the filing rule of
+    /// `file`: id 0 opens run 0, id 1 (smaller than run 0's tail) opens run 1, id 2
+    /// (smaller than both tails) goes to the set, id 3 (after run 0's tail, the larger)
+    /// extends run 0. Id 4 is a soft-pinned KV object (class 3 at time 0), id 5 a put in
+    /// progress (resident, not indexed).
+    fn fixture() -> (VictimIndex, Vec<ObjectMeta>) {
+        let mut objects = vec![
+            meta(GEN, 10, 100, 0, None),
+            meta(GEN, 11, 50, 1, None),
+            meta(GEN, 12, 20, 2, None),
+            meta(GEN, 13, 200, 3, None),
+            meta(KV, 14, 0, 4, Some(1_000)),
+            meta(DataType::EncoderOutput, 15, 0, 5, None),
+        ];
+        objects[5].complete = false;
+        let ix = index_of(&objects);
+        (ix, objects)
+    }
+
+    #[test]
+    fn the_fixture_has_an_entry_in_every_place_and_checks() {
+        let (ix, o) = fixture();
+        let c = &ix.classes[0];
+        let (r0, r1) = (c.runs[0].unwrap(), c.runs[1].unwrap());
+        assert_eq!((r0.head, r0.tail, r1.head, r1.tail), (0, 3, 1, 1));
+        assert_eq!(ix.slots[0].next, 3);
+        assert_eq!(c.set.iter().copied().collect::<Vec<_>>(), [(20, 2, 2)]);
+        assert_eq!(ix.slots[4].class, 3);
+        assert_eq!(ix.slots[5].class, NOT_INDEXED);
+        assert_eq!(ix.pins.len(), 1);
+        assert_eq!(*ix.resident_bytes(), [10 + 11 + 12 + 13, 14, 15]);
+        ix.check(&o).unwrap();
+        // Lease order across the three places: 20 (set), 50 (run 1), 100, 200 (run 0).
+        let mut ix = ix;
+        assert_eq!(ids(&mut ix, GEN, false, 1_000, &o), [2, 1, 0, 3]);
+        assert_eq!(ids(&mut ix, GEN, false, 99, &o), [2, 1]);
+        assert_eq!(ids(&mut ix, KV, true, 0, &o), [4]);
+    }
+
+    /// `check` names every kind of disagreement between the index and the metas, each one
+    /// on its own (the other parts consistent).
+    #[test]
+    fn check_rejects_every_kind_of_corruption() {
+        let (ix0, o0) = fixture();
+        type Corrupt = fn(&mut VictimIndex, &mut Vec<ObjectMeta>);
+        let cases: [(&str, &str, Corrupt); 16] = [
+            ("indexed but not indexable", "not indexable", |_, o| {
+                o[0].complete = false
+            }),
+            (
+                "indexable but not indexed",
+                "slot 5 filed as class 255",
+                |_, o| o[5].complete = true,
+            ),
+            // The pin expired before `pin_now`: the meta's class is 2, the entry's 3.
+            ("class only", "slot 4 filed as class 3", |_, o| {
+                o[4].soft_pin_until = Some(0)
+            }),
+            ("lease only", "slot 3 filed as class 0 lease 200", |_, o| {
+                o[3].lease_timeout = 201
+            }),
+            ("seq only", "meta says class 0 lease 200 seq 99", |_, o| {
+                o[3].insert_seq = 99
+            }),
+            (
+                "run entry of another class",
+                "slot 3 misfiled in run 0",
+                |ix, o| {
+                    // Id 3 re-typed as KV in both the entry and the metas (and the bytes),
+                    // but still linked in general's run 0.
+                    ix.slots[3].class = 2;
+                    o[3].data_type = KV;
+                    ix.resident_bytes[0] -= 13;
+                    ix.resident_bytes[1] += 13;
+                },
+            ),
+            (
+                "run entry says the other run",
+                "slot 3 misfiled in run 0",
+                |ix, _| ix.slots[3].place = 1,
+            ),
+            (
+                "run entry with a wrong prev",
+                "slot 3 misfiled in run 0",
+                |ix, _| ix.slots[3].prev = NIL,
+            ),
+            ("run out of key order", "out of order", |ix, o| {
+                ix.slots[3].lease = 60;
+                o[3].lease_timeout = 60;
+            }),
+            ("run with a wrong tail", "wrong tail", |ix, _| {
+                ix.classes[0].runs[0].as_mut().unwrap().tail = 0;
+            }),
+            (
+                "set entry of another class",
+                "slot 2 misfiled in the set of 2",
+                |ix, _| {
+                    let t = ix.classes[0].set.pop_first().unwrap();
+                    ix.classes[2].set.insert(t);
+                },
+            ),
+            (
+                "set entry says a run",
+                "slot 2 misfiled in the set of 0",
+                |ix, _| ix.slots[2].place = 0,
+            ),
+            (
+                "set key differs from the entry",
+                "slot 2 misfiled in the set of 0",
+                |ix, _| {
+                    let (l, s, id) = ix.classes[0].set.pop_first().unwrap();
+                    ix.classes[0].set.insert((l + 1, s, id));
+                },
+            ),
+            (
+                "set entry missing",
+                "4 entries in the classes for 5",
+                |ix, _| {
+                    ix.classes[0].set.clear();
+                },
+            ),
+            ("pin entry missing", "0 pin entries for 1", |ix, _| {
+                ix.pins.clear()
+            }),
+            ("resident bytes", "resident bytes [46, 15, 15]", |ix, _| {
+                ix.resident_bytes[1] += 1
+            }),
+        ];
+        for (name, want, corrupt) in cases {
+            let (mut ix, mut o) = (ix0.clone(), o0.clone());
+            corrupt(&mut ix, &mut o);
+            let e = ix.check(&o).expect_err(name);
+            assert!(e.to_string().contains(want), "{name}: {e}");
+        }
+        ix0.check(&o0).unwrap();
+    }
+
+    /// The common path of the module docs: keys on two time tracks (completions at `t`,
+    /// reads at `t + ttl`), interleaved, each track in order, go to the two runs and never
+    /// to the set, whichever track comes first; a walk yields them in key order.
+    #[test]
+    fn two_interleaved_time_tracks_fill_the_two_runs_and_never_the_set() {
+        for b_first in [false, true] {
+            let mut objects = Vec::new();
+            for i in 0..20u64 {
+                let (a, b) = (10 * i, 10 * i + 1_000);
+                let (x, y) = if b_first { (b, a) } else { (a, b) };
+                for lease in [x, y] {
+                    let seq = objects.len() as u64;
+                    objects.push(meta(GEN, 1, lease, seq, None));
+                }
+            }
+            let mut ix = index_of(&objects);
+            ix.check(&objects).unwrap();
+            assert!(ix.classes[0].set.is_empty(), "b_first {b_first}: set used");
+            let mut want: Vec<(Nanos, u64, u32)> = objects
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.lease_timeout, m.insert_seq, i as u32))
+                .collect();
+            want.sort();
+            let all: Vec<u32> = want.iter().map(|w| w.2).collect();
+            assert_eq!(ids(&mut ix, GEN, false, u64::MAX, &objects), all);
+            let early: Vec<u32> = want.iter().filter(|w| w.0 <= 500).map(|w| w.2).collect();
+            assert_eq!(early.len(), 20);
+            assert_eq!(ids(&mut ix, GEN, false, 500, &objects), early);
+        }
+    }
+
+    /// A soft pin holds strictly before its expiry (`ObjectMeta::soft_pin_until` is
+    /// exclusive); `sync_pins` moves the object across at the expiry in both directions,
+    /// and `pin_now` reports the last synced time.
+    #[test]
+    fn sync_pins_moves_an_object_at_its_pin_expiry_both_ways() {
+        let mut o = vec![meta(KV, 5, 0, 0, Some(1_000)), meta(KV, 6, 0, 1, None)];
+        let mut ix = index_of(&o);
+        assert_eq!(ix.pin_now(), 0);
+        for (now, pinned) in [(999, true), (1_000, false), (5_000, false), (999, true)] {
+            ix.sync_pins(now);
+            assert_eq!(ix.pin_now(), now);
+            let want_soft: &[u32] = if pinned { &[0] } else { &[] };
+            let want_unpinned: &[u32] = if pinned { &[1] } else { &[0, 1] };
+            assert_eq!(ids(&mut ix, KV, true, now, &o), want_soft, "now {now}");
+            assert_eq!(ids(&mut ix, KV, false, now, &o), want_unpinned, "now {now}");
+            ix.check(&o).unwrap();
+        }
+        // The pin moved later by an update alone (lease and seq unchanged) is followed.
+        o[0].soft_pin_until = Some(2_000);
+        ix.update(ObjId(0), &o[0]);
+        ix.sync_pins(1_500);
+        assert_eq!(ids(&mut ix, KV, true, 1_500, &o), [0]);
+        ix.sync_pins(2_000);
+        assert_eq!(ids(&mut ix, KV, true, 2_000, &o), [] as [u32; 0]);
+        assert_eq!(ids(&mut ix, KV, false, 2_000, &o), [0, 1]);
+        ix.check(&o).unwrap();
+    }
+
+    /// An object with the key `(0, 0)` and no pin (what an empty slot's entry also holds)
+    /// is still filed, at `on_live` and when completed later. `MemStore` starts
+    /// `insert_seq` at 1, so only other users of the public index can pass seq 0.
+    #[test]
+    fn a_first_put_at_time_zero_is_filed() {
+        let mut o = vec![meta(GEN, 3, 0, 0, None), meta(GEN, 4, 0, 1, None)];
+        o[1].complete = false;
+        let mut ix = index_of(&o);
+        ix.check(&o).unwrap();
+        assert_eq!(ids(&mut ix, GEN, false, 0, &o), [0]);
+        // Slot 0 freed and reused by an in-progress object of key `(0, 0)`, completed at
+        // time 0.
+        ix.on_free(ObjId(0), &o[0]);
+        o[0].complete = false;
+        ix.on_live(ObjId(0), &o[0]);
+        o[0].complete = true;
+        ix.update(ObjId(0), &o[0]);
+        o[1].complete = true;
+        ix.update(ObjId(1), &o[1]);
+        ix.check(&o).unwrap();
+        assert_eq!(ids(&mut ix, GEN, false, 0, &o), [0, 1]);
+    }
+
+    /// `update` re-files an object when any one part of its key or its pin changes, the
+    /// others unchanged (`MemStore` never changes an indexed object's seq; the public
+    /// index does not rely on that).
+    #[test]
+    fn update_follows_each_part_of_the_key_alone() {
+        let base = vec![
+            meta(GEN, 1, 10, 0, Some(5_000)),
+            meta(GEN, 1, 20, 1, Some(5_000)),
+            meta(GEN, 1, 20, 2, Some(5_000)),
+        ];
+        type Change = fn(&mut ObjectMeta);
+        let changes: [(&str, Change, [u32; 3]); 3] = [
+            ("lease", |m| m.lease_timeout = 25, [1, 2, 0]),
+            ("seq", |m| m.insert_seq = 9, [0, 2, 1]),
+            ("pin", |m| m.soft_pin_until = Some(6_000), [0, 1, 2]),
+        ];
+        for (name, change, want) in changes {
+            let mut o = base.clone();
+            let mut ix = index_of(&o);
+            // Object 0 for the lease and the pin, 1 for the seq (its lease ties with 2's).
+            let id = if name == "seq" { 1 } else { 0 };
+            change(&mut o[id]);
+            ix.update(ObjId(id as u32), &o[id]);
+            ix.check(&o).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(ids(&mut ix, GEN, true, 100, &o), want, "{name}");
+            // The pin expires at its new time only.
+            ix.sync_pins(5_500);
+            let soft: Vec<u32> = ids(&mut ix, GEN, true, 5_500, &o);
+            let held = if name == "pin" { vec![0] } else { vec![] };
+            assert_eq!(soft, held, "{name}");
+        }
+    }
+}
