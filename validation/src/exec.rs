@@ -290,10 +290,48 @@ impl<C: Compute> ComputeExecutor<C> {
         let Some((pool, kv)) = prefill.as_mut() else {
             return Err(err("no prefill pages"));
         };
+        // The engine bounds a prefill step by its new tokens, not by the prefill worker's
+        // pages: a batch of jobs with long cached prefixes (fork branches) can need more
+        // than the decode pool's size, and how many share a step depends on timing. The
+        // pool is this executor's, in host memory, so it grows (doubling) instead of
+        // failing the run; the jobs mid-prefill move into the new pages, bytes unchanged.
+        let pt = u64::from(g.page_tokens);
+        let mut need = 0u64;
+        for (&(new, cached), &(job, _)) in chunks.iter().zip(jobs) {
+            let held = match prefilling.get(&job) {
+                Some(&s) => pool.table(s).map_err(err)?.len() as u64,
+                None => 0,
+            };
+            need += (u64::from(cached) + u64::from(new))
+                .div_ceil(pt)
+                .saturating_sub(held);
+        }
+        let st = pool.stats();
+        if need > u64::from(st.free) {
+            let want = (u64::from(st.used) + need).max(2 * u64::from(st.capacity));
+            let pages = u32::try_from(want)
+                .map_err(|_| err(format!("worker {worker}: prefill KV of {want} pages")))?;
+            let mut grown = PoolCore::new(PoolConfig::new(pages, g.page_tokens, g.bytes_per_token))
+                .map_err(err)?;
+            let mut grown_kv = self.compute.new_kv(pages, g.page_tokens).map_err(err)?;
+            for s in prefilling.values_mut() {
+                let len = pool.seq_len(*s).map_err(err)?;
+                let bytes = kv
+                    .read_tokens(pool.table(*s).map_err(err)?, len as u32)
+                    .map_err(err)?;
+                let ns = grown.allocate(len).map_err(err)?;
+                grown_kv
+                    .write_tokens(grown.table(ns).map_err(err)?, &bytes)
+                    .map_err(err)?;
+                *s = ns;
+            }
+            *pool = grown;
+            *kv = grown_kv;
+        }
+        let cap = pool.stats().capacity;
         let full = |e| {
             err(format!(
-                "worker {worker}: prefill KV pool ({} pages): {e}",
-                g.pool_pages
+                "worker {worker}: prefill KV pool ({cap} pages): {e}"
             ))
         };
         let mut seqs = Vec::with_capacity(chunks.len());
@@ -758,6 +796,36 @@ mod tests {
         for &(_, seq, _) in seqs {
             pool.append(seq, 1).unwrap();
         }
+    }
+
+    /// A prefill step needing more pages than the pool has (a job mid-prefill plus a new
+    /// one, 14 pages against 8): the pool grows, the job mid-prefill moves to the new
+    /// pages, and both jobs' KV is byte for byte what a pool large enough from the start
+    /// gives.
+    #[test]
+    fn a_prefill_step_larger_than_the_pool_grows_it_and_keeps_every_byte() {
+        let spec = spec();
+        let run = |pages: u32| {
+            let ex = ComputeExecutor::new(CpuCompute::new(&spec, 3).unwrap(), 1);
+            ex.prepare(&EngineConfig {
+                kv_pages: pages,
+                ..cfg(&spec)
+            })
+            .unwrap();
+            // Job 1 (40 tokens) prefills 24, then its last 16 beside all 40 of job 2.
+            let one = StepKv::Prefill(vec![(1, 40)]);
+            ex.run_kv(0, &Step::Prefill(vec![(24, 0)]), &one).unwrap();
+            let both = StepKv::Prefill(vec![(1, 40), (2, 40)]);
+            ex.run_kv(0, &Step::Prefill(vec![(16, 24), (40, 0)]), &both)
+                .unwrap();
+            let kv1 = ex.kv_take(0, 1).unwrap().expect("job 1's KV");
+            let kv2 = ex.kv_take(0, 2).unwrap().expect("job 2's KV");
+            (kv1, kv2)
+        };
+        let (small, large) = (run(8), run(64));
+        assert_eq!(small.0.len() as u64, 40 * spec.kv_bytes_per_token());
+        assert!(small.0 != small.1, "two jobs' KV differ");
+        assert_eq!(small, large);
     }
 
     /// A job prefilled in two chunks on worker 0, handed off to worker 1, decoded, forked
