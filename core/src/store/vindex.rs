@@ -464,7 +464,17 @@ impl Iterator for Candidates<'_> {
             if from == 2 {
                 self.set_head = self.set.next().copied();
             } else {
-                self.runs[from] = self.index.slots[id as usize].next;
+                let next = self.index.slots[id as usize].next;
+                // The walk is over the oldest (coldest) entries: fetch the next one's
+                // entry and metadata while this one is handled (hints only).
+                if let (Some(e), Some(m)) = (
+                    self.index.slots.get(next as usize),
+                    self.objects.get(next as usize),
+                ) {
+                    crate::hint::prefetch(e);
+                    crate::hint::prefetch(m);
+                }
+                self.runs[from] = next;
             }
             let m = &self.objects[id as usize];
             if m.readers > 0 {
