@@ -316,8 +316,10 @@ impl<C: Compute> ComputeExecutor<C> {
             let mut grown_kv = self.compute.new_kv(pages, g.page_tokens).map_err(err)?;
             for s in prefilling.values_mut() {
                 let len = pool.seq_len(*s).map_err(err)?;
+                let tokens =
+                    u32::try_from(len).map_err(|_| err(format!("a prefill of {len} tokens")))?;
                 let bytes = kv
-                    .read_tokens(pool.table(*s).map_err(err)?, len as u32)
+                    .read_tokens(pool.table(*s).map_err(err)?, tokens)
                     .map_err(err)?;
                 let ns = grown.allocate(len).map_err(err)?;
                 grown_kv

@@ -539,7 +539,7 @@ impl<K: Ord + Copy, F: FnMut(usize, Nanos, u64, ObjId) -> K> Iterator for Merge<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::AccessHints;
+    use crate::store::policies::tests::live;
 
     const GEN: DataType = DataType::General;
     const KV: DataType = DataType::KvCache;
@@ -547,21 +547,10 @@ mod tests {
     /// A live, complete, unread object of `size` bytes.
     fn meta(ty: DataType, size: u64, lease: Nanos, seq: u64, pin: Option<Nanos>) -> ObjectMeta {
         ObjectMeta {
-            live: true,
-            size,
             data_type: ty,
-            hard_pinned: false,
             soft_pin_until: pin,
             lease_timeout: lease,
-            complete: true,
-            readers: 0,
-            put_time: 0,
-            insert_seq: seq,
-            last_access: 0,
-            last_access_seq: seq,
-            access_count: 0,
-            hints: AccessHints::default(),
-            key_hash: seq,
+            ..live(size, seq)
         }
     }
 

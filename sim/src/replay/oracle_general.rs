@@ -103,7 +103,7 @@ impl Compiled {
         Ok(c)
     }
 
-    /// Read and compile an `oracleGeneral` trace from `r` in 1 MiB pieces, each piece
+    /// Read and compile an `oracleGeneral` trace from `r` in 1.5 MiB pieces, each piece
     /// also fed to `key` (so the key is that of exactly the bytes compiled). `len_hint`
     /// (the file's length, if known) sizes the accesses once. Same result and errors as
     /// [`Compiled::from_oracle_general_bytes`] on the same bytes, plus `Io` for `path`.

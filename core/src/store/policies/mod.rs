@@ -433,7 +433,7 @@ pub(crate) fn check_queue(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::store::{AccessHints, DataType};
 
