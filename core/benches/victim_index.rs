@@ -12,6 +12,8 @@
 //! capacity is 10% of the objects. A second workload does the same with leases off and
 //! synchronous eviction (the `replay_speed` bench's store). VI_RUNS (default 3)
 //! interleaved rounds; medians; the host's load average is printed (a shared machine).
+//! VI_ONLY=<row label prefix> runs only the matching rows (for `perf record`; the ratio
+//! column then needs the LRU row among them).
 
 use std::time::Instant;
 
@@ -115,11 +117,16 @@ fn table(title: &str, ids: &[u64], cfg: &MemStoreConfig, gap: u64, runs: u64) {
         ("type-aware (index)", "type-aware", false),
         ("type-aware (scan)", "type-aware", true),
     ];
+    let only = std::env::var("VI_ONLY").ok();
+    let keep = |label: &str| only.as_deref().is_none_or(|o| label.starts_with(o));
     println!("{title} (load average {}):", load());
     let mut secs: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
     let mut last = vec![(0, 0); rows.len()];
     for _ in 0..runs {
-        for (k, &(_, name, scan)) in rows.iter().enumerate() {
+        for (k, &(label, name, scan)) in rows.iter().enumerate() {
+            if !keep(label) {
+                continue;
+            }
             let p = PolicyConfig::by_name(name)
                 .expect("policy")
                 .build()
@@ -129,6 +136,14 @@ fn table(title: &str, ids: &[u64], cfg: &MemStoreConfig, gap: u64, runs: u64) {
             secs[k].push(t);
             last[k] = (hits, ev);
         }
+    }
+    if secs.iter().any(Vec::is_empty) {
+        for (k, &(label, _, _)) in rows.iter().enumerate() {
+            if let Some(&t) = secs[k].first() {
+                println!("{label:<26} {:>10.3} s (first round; VI_ONLY set)", t);
+            }
+        }
+        return;
     }
     let lru = median(secs[0].clone());
     println!(
