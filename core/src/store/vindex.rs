@@ -840,6 +840,40 @@ mod tests {
         }
     }
 
+    /// `file` appends to the run with the largest tail not above the key, not the first
+    /// run that fits: here run 0 reopened (its only entry freed) with a small key, so the
+    /// first fitting run is the loosest, and a key that only run 0 fits comes next. Taking
+    /// the first fitting run would leave it nowhere but the set.
+    #[test]
+    fn file_appends_to_the_tightest_fitting_run() {
+        let leases = [30, 20, 10, 5, 25, 7];
+        let mut o: Vec<ObjectMeta> = leases
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| meta(GEN, 1, l, i as u64, None))
+            .collect();
+        let mut ix = VictimIndex::new();
+        for i in 0..3 {
+            ix.on_live(ObjId(i as u32), &o[i]);
+        }
+        ix.on_free(ObjId(0), &o[0]);
+        o[0].live = false;
+        for i in 3..6 {
+            ix.on_live(ObjId(i as u32), &o[i]);
+        }
+        ix.check(&o).unwrap();
+        let c = &ix.classes[0];
+        assert!(c.set.is_empty(), "a key spilled into the set");
+        let r: Vec<(u32, u32)> = c
+            .runs
+            .iter()
+            .map(|r| r.map(|r| (r.head, r.tail)).unwrap())
+            .collect();
+        // Run 0: 5, 7; run 1: 20, 25; run 2: 10.
+        assert_eq!(r, [(3, 5), (1, 4), (2, 2)]);
+        assert_eq!(ids(&mut ix, GEN, false, 100, &o), [3, 5, 2, 1, 4]);
+    }
+
     /// A soft pin holds strictly before its expiry (`ObjectMeta::soft_pin_until` is
     /// exclusive); `sync_pins` moves the object across at the expiry in both directions,
     /// and `pin_now` reports the last synced time.
