@@ -853,13 +853,13 @@ mod tests {
             .map(|(i, &l)| meta(GEN, 1, l, i as u64, None))
             .collect();
         let mut ix = VictimIndex::new();
-        for i in 0..3 {
-            ix.on_live(ObjId(i as u32), &o[i]);
+        for (i, m) in o.iter().enumerate().take(3) {
+            ix.on_live(ObjId(i as u32), m);
         }
         ix.on_free(ObjId(0), &o[0]);
         o[0].live = false;
-        for i in 3..6 {
-            ix.on_live(ObjId(i as u32), &o[i]);
+        for (i, m) in o.iter().enumerate().skip(3) {
+            ix.on_live(ObjId(i as u32), m);
         }
         ix.check(&o).unwrap();
         let c = &ix.classes[0];
