@@ -640,6 +640,14 @@ mod tests {
             .collect()
     }
 
+    /// `(head, tail)` of each run of `c` (all of them open).
+    fn run_ends(c: &Class) -> Vec<(u32, u32)> {
+        c.runs
+            .iter()
+            .map(|r| r.map(|r| (r.head, r.tail)).expect("an open run"))
+            .collect()
+    }
+
     /// Class 0 (general, unpinned) with an entry in each place, by the filing rule of
     /// `file`: id 0 opens run 0, id 1 (smaller than run 0's tail) opens run 1, id 2
     /// (smaller than both tails) opens run 2, id 3 (after run 0's tail, the largest)
@@ -665,12 +673,7 @@ mod tests {
     fn the_fixture_has_an_entry_in_every_place_and_checks() {
         let (ix, o) = fixture();
         let c = &ix.classes[0];
-        let r: Vec<(u32, u32)> = c
-            .runs
-            .iter()
-            .map(|r| r.map(|r| (r.head, r.tail)).unwrap())
-            .collect();
-        assert_eq!(r, [(0, 3), (1, 1), (2, 2)]);
+        assert_eq!(run_ends(c), [(0, 3), (1, 1), (2, 2)]);
         assert_eq!(ix.links[0].next, 3);
         assert_eq!(c.set.iter().copied().collect::<Vec<_>>(), [(10, 6, 6)]);
         assert_eq!(ix.slots[4].class, 3);
@@ -864,13 +867,8 @@ mod tests {
         ix.check(&o).unwrap();
         let c = &ix.classes[0];
         assert!(c.set.is_empty(), "a key spilled into the set");
-        let r: Vec<(u32, u32)> = c
-            .runs
-            .iter()
-            .map(|r| r.map(|r| (r.head, r.tail)).unwrap())
-            .collect();
         // Run 0: 5, 7; run 1: 20, 25; run 2: 10.
-        assert_eq!(r, [(3, 5), (1, 4), (2, 2)]);
+        assert_eq!(run_ends(c), [(3, 5), (1, 4), (2, 2)]);
         assert_eq!(ids(&mut ix, GEN, false, 100, &o), [3, 5, 2, 1, 4]);
     }
 
