@@ -17,7 +17,8 @@ Hit counts are checked equal on every round. Also printed: moonagent's own phase
 (stderr `timing:`), medians: hashing the trace, and reading + compiling it (cold) or
 mapping the compiled file (warm).
 
-usage: python scripts/bench_libcachesim.py --bin target/release/moonagent
+usage: ~/.cache/moonagent/py-venv/bin/python scripts/bench_libcachesim.py \
+           --bin target/release/moonagent
        [--requests 2000000 --objects 200000 --cache 20000 --reps 5]
 
 The issue's size: --requests 10000000 --objects 1000000 --cache 100000 --reps 5.
@@ -91,6 +92,15 @@ def main():
     ap.add_argument("--cache", type=int, default=20_000)
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
+    try:
+        import libcachesim  # noqa: F401  (checked here; each round imports it afresh)
+    except ImportError:
+        sys.exit(f"bench_libcachesim: {sys.executable} cannot import libcachesim; run it with "
+                 "the suite's venv, ~/.cache/moonagent/py-venv/bin/python (bash "
+                 "scripts/test_libcachesim.sh creates it and installs libcachesim==0.3.5)")
+    if not os.access(a.bin, os.X_OK):
+        sys.exit(f"bench_libcachesim: --bin {a.bin}: no executable there "
+                 "(cargo build --release -p moonagent)")
     with tempfile.TemporaryDirectory() as tmp:
         trace = os.path.join(tmp, "zipf.oracleGeneral")
         zipf_file(trace, a.requests, a.objects)
