@@ -268,18 +268,18 @@ mod affinity {
         }
     }
 
-    /// Pin thread `tid` to the CPU of gate core `core` (a failure leaves it unpinned: the
-    /// round robin still holds, only the placement is the kernel's).
+    /// Let thread `tid` run on exactly `allowed` (CPUs the process may run on; a failure
+    /// leaves the thread where it was: the round robin still holds, only the placement is
+    /// the kernel's).
     #[cfg(target_os = "linux")]
-    pub(super) fn pin(tid: u64, cpus: &[usize], core: usize) {
-        if cpus.is_empty() {
-            return;
-        }
-        // SAFETY: as in `cpus`; CPU_SET is given a CPU below CPU_SETSIZE (one the process
+    fn set_affinity(tid: u64, allowed: &[usize]) {
+        // SAFETY: as in `cpus`; CPU_SET is given CPUs below CPU_SETSIZE (ones the process
         // may run on).
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpus[core % cpus.len()], &mut set);
+            for &c in allowed {
+                libc::CPU_SET(c, &mut set);
+            }
             libc::sched_setaffinity(
                 tid as libc::pid_t,
                 std::mem::size_of::<libc::cpu_set_t>(),
@@ -288,23 +288,19 @@ mod affinity {
         }
     }
 
-    /// Let thread `tid` run on any of `cpus` again (a failure leaves it where it was).
+    /// Pin thread `tid` to the CPU of gate core `core`.
+    #[cfg(target_os = "linux")]
+    pub(super) fn pin(tid: u64, cpus: &[usize], core: usize) {
+        if !cpus.is_empty() {
+            set_affinity(tid, &[cpus[core % cpus.len()]]);
+        }
+    }
+
+    /// Let thread `tid` run on any of `cpus` again.
     #[cfg(target_os = "linux")]
     pub(super) fn unpin(tid: u64, cpus: &[usize]) {
-        if cpus.is_empty() {
-            return;
-        }
-        // SAFETY: as in `pin`.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            for &c in cpus {
-                libc::CPU_SET(c, &mut set);
-            }
-            libc::sched_setaffinity(
-                tid as libc::pid_t,
-                std::mem::size_of::<libc::cpu_set_t>(),
-                &set,
-            );
+        if !cpus.is_empty() {
+            set_affinity(tid, cpus);
         }
     }
 
