@@ -506,7 +506,7 @@ impl Iterator for Candidates<'_> {
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            // The smallest of the three heads.
+            // The smallest of the heads (the runs' and the set's).
             let mut best = self.set_head;
             let mut from = RUNS;
             for (r, &id) in self.runs.iter().enumerate() {
