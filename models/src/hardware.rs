@@ -324,6 +324,31 @@ impl Host {
 }
 
 impl HardwareProfile {
+    /// This profile with every compute step (encoder batch, prefill chunk, decode
+    /// iteration) `s` times as long: peak FLOP/s and memory bandwidth divided by `s`, the
+    /// per-step overheads multiplied by it (rounded to the nanosecond). Links, the host's
+    /// fingerprinting and the cores are unchanged. A sensitivity probe: how much a
+    /// systematic step-time error of `s - 1` moves a simulation on its own.
+    pub fn with_steps_scaled(&self, s: f64) -> Self {
+        let o = &self.overheads;
+        let ns = |v: u64| (v as f64 * s).round() as u64;
+        Self {
+            name: format!("{}-steps-x{s}", self.name),
+            description: format!(
+                "{} with every compute step {s} times as long",
+                self.description
+            ),
+            peak_bf16_flops_per_s: self.peak_bf16_flops_per_s / s,
+            hbm_bytes_per_s: self.hbm_bytes_per_s / s,
+            overheads: Overheads {
+                encoder_batch_ns: ns(o.encoder_batch_ns),
+                prefill_chunk_ns: ns(o.prefill_chunk_ns),
+                decode_iter_ns: ns(o.decode_iter_ns),
+            },
+            ..self.clone()
+        }
+    }
+
     /// Names of the built-in profiles.
     pub fn builtin_names() -> impl Iterator<Item = &'static str> {
         BUILTIN.iter().map(|(name, _, _)| *name)

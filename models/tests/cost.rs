@@ -328,3 +328,47 @@ fn sanity_orders_of_magnitude() {
         fingerprint_time_ns(&hw.host, px) as f64 / MS,
     );
 }
+
+/// `with_steps_scaled(s)` makes every compute step `s` times as long (to rounding) and
+/// leaves links and fingerprinting alone, on a GPU profile and the CPU one.
+#[test]
+fn scaled_steps_take_s_times_as_long_and_nothing_else_moves() {
+    for hw_name in ["h200", "cpu"] {
+        let (hw, spec, base) = setup(hw_name, "qwen2.5-vl-tiny", 1);
+        for s in [0.9, 1.05, 2.0] {
+            let slow = hw.with_steps_scaled(s);
+            let cost = CostModel::new(&slow, &spec, 1).unwrap();
+            let close = |a: u64, b: u64, what: &str| {
+                let want = a as f64 * s;
+                assert!(
+                    (b as f64 - want).abs() <= 2.0 + 1e-9 * want,
+                    "{hw_name} x{s} {what}: {a} ns became {b}, expected {want:.0}"
+                );
+            };
+            for tokens in [64u32, 256, 1024] {
+                close(
+                    base.encoder_time_ns(&[tokens]),
+                    cost.encoder_time_ns(&[tokens]),
+                    "encode",
+                );
+            }
+            for chunk in [(512u32, 0u32), (64, 4096), (2048, 512)] {
+                close(
+                    base.prefill_batch_time_ns(&[chunk]),
+                    cost.prefill_batch_time_ns(&[chunk]),
+                    "prefill",
+                );
+            }
+            for (b, ctx) in [(1u32, 128u64), (8, 4096), (64, 65536)] {
+                close(
+                    base.decode_iter_time_ns(b, ctx),
+                    cost.decode_iter_time_ns(b, ctx),
+                    "decode",
+                );
+            }
+            assert_eq!(slow.links, hw.links, "{hw_name}: links moved");
+            assert_eq!(slow.host, hw.host, "{hw_name}: the host moved");
+            assert_eq!(slow.shared_cores, hw.shared_cores);
+        }
+    }
+}

@@ -124,6 +124,70 @@ pub struct Comparison {
     pub pairs: Vec<(RequestRecord, RequestRecord)>,
 }
 
+/// `trace` with each request arriving when the run logged in `inputs` saw it arrive.
+fn arrivals_of(trace: &[Request], inputs: &[(u64, Input)]) -> Vec<Request> {
+    let mut timed = trace.to_vec();
+    for &(t, input) in inputs {
+        if let Input::Arrive(i) = input {
+            if let Some(r) = timed.get_mut(i) {
+                r.arrival_ns = t;
+            }
+        }
+    }
+    timed
+}
+
+/// The simulator against itself: the run's arrivals (`inputs`) simulated with profile `a`
+/// (as "measured") and with profile `b`, per-request TTFT and E2E compared as
+/// [`compare`] compares a run. How much per-request error a given difference between two
+/// profiles causes on its own (e.g. `b` = `a` with every step a few percent slower).
+pub fn sim_vs_sim(
+    cfg: &SimConfig,
+    trace: &[Request],
+    block_size: u32,
+    inputs: &[(u64, Input)],
+    a: &str,
+    b: &str,
+) -> Result<(MetricError, MetricError), MeasureError> {
+    let timed = arrivals_of(trace, inputs);
+    let run = |hw: &str| {
+        let c = SimConfig {
+            hardware: hw.to_string(),
+            ..cfg.clone()
+        };
+        simulate(&c, &timed, block_size).map(|(_, recs)| recs)
+    };
+    let (ra, rb) = (run(a)?, run(b)?);
+    let pairs: Vec<(&RequestRecord, &RequestRecord)> = ra
+        .iter()
+        .zip(&rb)
+        .filter(|(x, y)| x.finish_ns != NONE && y.finish_ns != NONE)
+        .collect();
+    let metric = |f: &dyn Fn(&RequestRecord) -> u64| {
+        let v: Vec<(u64, u64)> = pairs.iter().map(|(x, y)| (f(x), f(y))).collect();
+        MetricError::of(&v)
+    };
+    Ok((metric(&|r| r.ttft_ns()), metric(&|r| r.e2e_ns())))
+}
+
+/// Two measured runs of the same trace against each other, request by request: TTFT and
+/// E2E of `b`'s measured records against `a`'s (as "measured"), over the requests both
+/// finished. The machine's own repeatability, the floor under any simulator's error.
+pub fn repeat_difference(a: &Comparison, b: &Comparison) -> (MetricError, MetricError) {
+    let by_id: std::collections::HashMap<u64, &RequestRecord> =
+        b.pairs.iter().map(|(m, _)| (m.id, m)).collect();
+    let pairs: Vec<(&RequestRecord, &RequestRecord)> = a
+        .pairs
+        .iter()
+        .filter_map(|(m, _)| Some((m, *by_id.get(&m.id)?)))
+        .collect();
+    let metric = |f: &dyn Fn(&RequestRecord) -> u64| {
+        let v: Vec<(u64, u64)> = pairs.iter().map(|(x, y)| (f(x), f(y))).collect();
+        MetricError::of(&v)
+    };
+    (metric(&|r| r.ttft_ns()), metric(&|r| r.e2e_ns()))
+}
+
 /// Compare the run logged in `inputs` (over `trace` under `cfg`) with the simulator under
 /// `cfg` with `sim_hardware` as its profile.
 pub fn compare(
@@ -149,15 +213,7 @@ pub fn compare(
         readbacks,
     );
     drop(e);
-    // The same requests, arriving when they arrived.
-    let mut timed_trace = trace.to_vec();
-    for &(t, input) in inputs {
-        if let Input::Arrive(i) = input {
-            if let Some(r) = timed_trace.get_mut(i) {
-                r.arrival_ns = t;
-            }
-        }
-    }
+    let timed_trace = arrivals_of(trace, inputs);
     let sim_cfg = SimConfig {
         hardware: sim_hardware.to_string(),
         ..cfg.clone()

@@ -18,7 +18,7 @@ use moonagent_traces::schema::Request;
 use serde::Serialize;
 
 use crate::backend::{Executor, RunOptions};
-use crate::compare::{compare, Comparison};
+use crate::compare::{compare, repeat_difference, sim_vs_sim, Comparison};
 use crate::cores::HostSched;
 use crate::measure::{mem_store, run_trace, write_run, MeasureError, RunSummary};
 use crate::profile::{self, ContentionPlan, Grid, Profile};
@@ -205,7 +205,33 @@ pub struct Study {
     pub capacity_rps: Vec<(String, f64)>,
     /// Every run.
     pub runs: Vec<StudyRun>,
+    /// Per mode and load: how close any simulator could come ([`Floor`]).
+    pub floors: Vec<Floor>,
 }
+
+/// What bounds the per-request error of one mode and load from below, measured beside its
+/// runs: how far the repeats differ from each other, and how far the simulator moves
+/// when every compute step is [`STEP_ERROR`] slower.
+#[derive(Debug, Clone, Serialize)]
+pub struct Floor {
+    /// Mode.
+    pub mode: String,
+    /// Load as a fraction of the simulated capacity.
+    pub load: f64,
+    /// Median over pairs of repeats of the per-request TTFT median |difference|, percent
+    /// (a later repeat against an earlier one; `None` with one repeat).
+    pub repeat_ttft_pct: Option<f64>,
+    /// The same for E2E.
+    pub repeat_e2e_pct: Option<f64>,
+    /// Per-request TTFT median |error| of the simulator against itself with every compute
+    /// step `STEP_ERROR` times as long, on the first repeat's arrivals, percent.
+    pub step_error_ttft_pct: f64,
+    /// The same for E2E.
+    pub step_error_e2e_pct: f64,
+}
+
+/// The step-time error of [`Floor`]'s sensitivity: every compute step 5% slower.
+pub const STEP_ERROR: f64 = 1.05;
 
 /// Where each measured run of a study keeps encoder outputs and prefix KV: called once per
 /// run with the run's configuration and a label unique within the study (e.g. `b3-70-0`),
@@ -260,8 +286,18 @@ pub fn run_study(
     )?;
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
     let hw_arg = profile_path.display().to_string();
+    let slow = fitted.hardware.with_steps_scaled(STEP_ERROR);
+    let slow_path = out
+        .join("profile")
+        .join(format!("profile-steps-x{STEP_ERROR}.toml"));
+    let text = slow
+        .to_toml_string()
+        .map_err(|e| MeasureError::writing(&slow_path, e))?;
+    std::fs::write(&slow_path, text).map_err(|e| MeasureError::writing(&slow_path, e))?;
+    let slow_arg = slow_path.display().to_string();
     let mut capacity = Vec::new();
     let mut runs = Vec::new();
+    let mut floors = Vec::new();
     // Every request arriving at once: the simulated capacity of each mode.
     let (sat_trace, sat_bs) = generate(cfg.requests, 1e9, cfg.seed)?;
     for &mode in &cfg.modes {
@@ -274,6 +310,8 @@ pub fn run_study(
         for &load in &cfg.loads {
             let rate = (load * sat.throughput_rps).max(1e-3);
             let (trace, bs) = generate(cfg.requests, rate, cfg.seed)?;
+            let first_run = runs.len();
+            let mut first_inputs = Vec::new();
             for k in 0..cfg.repeats {
                 say(&format!(
                     "{} at {:.0}% of capacity ({rate:.2} req/s), run {}/{}",
@@ -301,6 +339,9 @@ pub fn run_study(
                 write_run(&dir, &m, &s)?;
                 let stretch = step_stretch(&m.timed, &fitted.hardware, &spec)?;
                 let mut c = compare(&mcfg, &trace, bs, &m.inputs, &hw_arg)?;
+                if k == 0 {
+                    first_inputs = m.inputs.clone();
+                }
                 c.label = format!("{} {:.0}% #{}", mode.name(), 100.0 * load, k + 1);
                 runs.push(StudyRun {
                     mode: mode.name().into(),
@@ -312,6 +353,24 @@ pub fn run_study(
                     comparison: c,
                 });
             }
+            let group = &runs[first_run..];
+            let mut repeat = (Vec::new(), Vec::new());
+            for (i, a) in group.iter().enumerate() {
+                for b in &group[i + 1..] {
+                    let (t, e) = repeat_difference(&a.comparison, &b.comparison);
+                    repeat.0.push(t.median_abs_pct);
+                    repeat.1.push(e.median_abs_pct);
+                }
+            }
+            let (t, e) = sim_vs_sim(&mcfg, &trace, bs, &first_inputs, &hw_arg, &slow_arg)?;
+            floors.push(Floor {
+                mode: mode.name().into(),
+                load,
+                repeat_ttft_pct: median(repeat.0),
+                repeat_e2e_pct: median(repeat.1),
+                step_error_ttft_pct: t.median_abs_pct,
+                step_error_e2e_pct: e.median_abs_pct,
+            });
         }
     }
     let base_cfg = cpu_config(Mode::B3);
@@ -323,6 +382,7 @@ pub fn run_study(
         profile: fitted,
         capacity_rps: capacity,
         runs,
+        floors,
     };
     let cs: Vec<Comparison> = study.runs.iter().map(|r| r.comparison.clone()).collect();
     crate::compare::write(out, "simulated vs measured", &cs)?;
@@ -332,6 +392,12 @@ pub fn run_study(
     let text = serde_json::to_string_pretty(&study).map_err(|e| MeasureError::writing(&p, e))?;
     std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))?;
     Ok(study)
+}
+
+/// The median of `v` (the upper one of an even count); `None` when empty.
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 fn sim_models(what: &'static str, e: moonagent_models::ModelError) -> MeasureError {
@@ -490,7 +556,7 @@ pub fn report(st: &Study) -> String {
             100.0 * c.kv_block_hit_rate.1,
         ));
     }
-    s.push_str("\n## Per mode and load, median over repeats\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str(&format!("\n## Per mode and load, median over repeats\n\nRepeat to repeat: the measured runs against each other, request by request (median over pairs of repeats of the TTFT / E2E median abs difference): the machine's own repeatability. A deterministic prediction cannot come much closer to one run than that (were each run its requests' expected times plus independent noise, an exact prediction of the expected times would be off by about 0.7 times the repeat-to-repeat figure). Step error {:.0}%: the simulator against itself with every compute step {:.0}% slower, on the first repeat's arrivals: what a profile that far off does with no other error.\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | TTFT / E2E repeat to repeat % | TTFT / E2E from step error % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|---|---|\n", 100.0 * (STEP_ERROR - 1.0), 100.0 * (STEP_ERROR - 1.0)));
     let mut keys: Vec<(String, u64)> = st
         .runs
         .iter()
@@ -509,12 +575,21 @@ pub fn report(st: &Study) -> String {
             v[v.len() / 2]
         };
         let rel = |(m, s): (f64, f64)| if m > 0.0 { 100.0 * (s - m) / m } else { 0.0 };
+        let floor = st
+            .floors
+            .iter()
+            .find(|f| f.mode == mode && (f.load * 1000.0) as u64 == load);
+        let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         s.push_str(&format!(
-            "| {mode} | {:.0}% | {} | {:.1} | {:.1} | {:+.1} | {:+.1} | {:+.1} | {} |\n",
+            "| {mode} | {:.0}% | {} | {:.1} | {:.1} | {} / {} | {} / {} | {:+.1} | {:+.1} | {:+.1} | {} |\n",
             load as f64 / 10.0,
             rs.len(),
             med(&|r| r.comparison.ttft.median_abs_pct),
             med(&|r| r.comparison.e2e.median_abs_pct),
+            pct(floor.and_then(|f| f.repeat_ttft_pct)),
+            pct(floor.and_then(|f| f.repeat_e2e_pct)),
+            pct(floor.map(|f| f.step_error_ttft_pct)),
+            pct(floor.map(|f| f.step_error_e2e_pct)),
             med(&|r| rel(r.comparison.throughput_rps)),
             med(&|r| 100.0 * (r.comparison.image_hit_rate.1 - r.comparison.image_hit_rate.0)),
             med(&|r| 100.0 * (r.comparison.kv_block_hit_rate.1 - r.comparison.kv_block_hit_rate.0)),

@@ -21,7 +21,7 @@ use moonagent_core::store::Recorded;
 use moonagent_models::{HardwareProfile, ModelSpec};
 use moonagent_sim::des::SimConfig;
 use moonagent_validation::backend::{Executor, KvPath, RunOptions};
-use moonagent_validation::compare::compare;
+use moonagent_validation::compare::{compare, repeat_difference, sim_vs_sim};
 use moonagent_validation::compute::CpuCompute;
 use moonagent_validation::exec::ComputeExecutor;
 use moonagent_validation::measure::{engine, mem_store, run_trace};
@@ -147,6 +147,31 @@ fn a_measured_run_replays_to_its_decisions_and_the_fitted_simulator_predicts_it_
     );
     let dh = (c.image_hit_rate.0 - c.image_hit_rate.1).abs();
     assert!(dh <= 0.10, "image hit rate {:?}", c.image_hit_rate);
+
+    // The study's floors: a run against itself differs by nothing; the simulator against
+    // itself differs by nothing with the same profile, and with every step 5% slower
+    // every request's TTFT comes later on average.
+    let (t, e) = repeat_difference(&c, &c);
+    assert_eq!(
+        (t.n, t.median_abs_pct, e.median_abs_pct),
+        (trace.len(), 0.0, 0.0)
+    );
+    let (t, _) = sim_vs_sim(&cfg, &trace, bs, &m.inputs, &hw, &hw).unwrap();
+    assert_eq!((t.median_abs_pct, t.bias_pct), (0.0, 0.0));
+    let slow = dir.join("profile-slow.toml");
+    let text = fitted
+        .hardware
+        .with_steps_scaled(1.05)
+        .to_toml_string()
+        .unwrap();
+    std::fs::write(&slow, text).unwrap();
+    let (t, e) = sim_vs_sim(&cfg, &trace, bs, &m.inputs, &hw, slow.to_str().unwrap()).unwrap();
+    assert!(
+        t.bias_pct > 0.0 && e.bias_pct > 0.0,
+        "steps 5% slower: TTFT bias {:+.1}%, E2E bias {:+.1}%",
+        t.bias_pct,
+        e.bias_pct
+    );
     println!("{}", c.markdown("validate_backend (debug build)"));
     let _ = std::fs::remove_dir_all(&dir);
 }

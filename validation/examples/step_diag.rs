@@ -1,0 +1,78 @@
+//! Per-step diagnosis of a measured run: every compute step's measured time beside the
+//! fitted profile's prediction for it alone, and the mean number of compute steps running
+//! at once over its span (itself included), from the run's `timed.jsonl`. CSV on stdout:
+//! `worker,kind,start_ns,measured_ns,predicted_ns,busy,batch,ctx_sum`.
+//!
+//! `cargo run --release -p moonagent-validation --example step_diag -- PROFILE.toml RUN/timed.jsonl`
+use moonagent_models::{CostModel, HardwareProfile, ModelSpec};
+use moonagent_validation::backend::{Step, Timed, Work};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (Some(profile), Some(timed)) = (args.get(1), args.get(2)) else {
+        eprintln!("usage: step_diag PROFILE.toml RUN/timed.jsonl");
+        std::process::exit(2);
+    };
+    let text = std::fs::read_to_string(profile).expect("read profile");
+    let hw = HardwareProfile::from_toml_str(&text, profile).expect("parse profile");
+    let spec = ModelSpec::by_name("qwen2.5-vl-tiny").expect("spec");
+    let cost = CostModel::new(&hw, &spec, 1).expect("cost model");
+    let steps: Vec<Timed> = std::fs::read_to_string(timed)
+        .expect("read timed")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("parse timed line"))
+        .filter(|t: &Timed| matches!(t.what, Work::Step(_)))
+        .collect();
+    // Busy-thread count as a step function of time.
+    let mut edges: Vec<(u64, i32)> = steps
+        .iter()
+        .flat_map(|t| [(t.start_ns, 1), (t.start_ns + t.measured_ns, -1)])
+        .collect();
+    edges.sort();
+    let busy_over = |a: u64, b: u64| -> f64 {
+        let (mut n, mut last, mut area) = (0i32, 0u64, 0f64);
+        for &(t, d) in &edges {
+            let (lo, hi) = (last.max(a), t.min(b));
+            if hi > lo {
+                area += f64::from(n) * (hi - lo) as f64;
+            }
+            n += d;
+            last = t;
+            if t >= b {
+                break;
+            }
+        }
+        area / (b - a).max(1) as f64
+    };
+    println!("worker,kind,start_ns,measured_ns,predicted_ns,busy,batch,ctx_sum");
+    for t in &steps {
+        let Work::Step(s) = &t.what else { continue };
+        let (kind, p, b, c) = match s {
+            Step::Encode { tokens, .. } => ("encode", cost.encoder_time_ns(tokens), 0, 0),
+            Step::Prefill(chunks) => (
+                "prefill",
+                cost.prefill_batch_time_ns(chunks),
+                chunks.len() as u32,
+                chunks.iter().map(|c| u64::from(c.0 + c.1)).sum(),
+            ),
+            Step::Decode {
+                batch,
+                ctx_sum,
+                extra,
+            } if extra.is_empty() => (
+                "decode",
+                cost.decode_iter_time_ns(*batch, *ctx_sum),
+                *batch,
+                *ctx_sum,
+            ),
+            _ => continue,
+        };
+        println!(
+            "{},{kind},{},{},{p},{:.3},{b},{c}",
+            t.worker,
+            t.start_ns,
+            t.measured_ns,
+            busy_over(t.start_ns, t.start_ns + t.measured_ns)
+        );
+    }
+}
