@@ -163,11 +163,16 @@ pub fn sim_vs_sim(
         .zip(&rb)
         .filter(|(x, y)| x.finish_ns != NONE && y.finish_ns != NONE)
         .collect();
+    Ok(ttft_e2e(&pairs))
+}
+
+/// TTFT and E2E errors over record pairs `(reference, other)`.
+fn ttft_e2e(pairs: &[(&RequestRecord, &RequestRecord)]) -> (MetricError, MetricError) {
     let metric = |f: &dyn Fn(&RequestRecord) -> u64| {
         let v: Vec<(u64, u64)> = pairs.iter().map(|(x, y)| (f(x), f(y))).collect();
         MetricError::of(&v)
     };
-    Ok((metric(&|r| r.ttft_ns()), metric(&|r| r.e2e_ns())))
+    (metric(&|r| r.ttft_ns()), metric(&|r| r.e2e_ns()))
 }
 
 /// Two measured runs of the same trace against each other, request by request: TTFT and
@@ -181,11 +186,7 @@ pub fn repeat_difference(a: &Comparison, b: &Comparison) -> (MetricError, Metric
         .iter()
         .filter_map(|(m, _)| Some((m, *by_id.get(&m.id)?)))
         .collect();
-    let metric = |f: &dyn Fn(&RequestRecord) -> u64| {
-        let v: Vec<(u64, u64)> = pairs.iter().map(|(x, y)| (f(x), f(y))).collect();
-        MetricError::of(&v)
-    };
-    (metric(&|r| r.ttft_ns()), metric(&|r| r.e2e_ns()))
+    ttft_e2e(&pairs)
 }
 
 /// Compare the run logged in `inputs` (over `trace` under `cfg`) with the simulator under
