@@ -1,11 +1,13 @@
 //! Per-step diagnosis of a measured run: every compute step's measured time beside the
-//! fitted profile's prediction for it alone, and the mean number of compute steps running
+//! fitted profile's prediction for it alone (as `study::step_stretch` judges it), and the mean number of compute steps running
 //! at once over its span (itself included), from the run's `timed.jsonl`. CSV on stdout:
 //! `worker,kind,start_ns,measured_ns,predicted_ns,busy,batch,ctx_sum`.
 //!
 //! `cargo run --release -p moonagent-validation --example step_diag -- PROFILE.toml RUN/timed.jsonl`
+use moonagent_core::serve::Mode;
 use moonagent_models::{CostModel, HardwareProfile, ModelSpec};
 use moonagent_validation::backend::{Step, Timed, Work};
+use moonagent_validation::study::{alone_ns, cpu_config};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -15,7 +17,8 @@ fn main() {
     };
     let text = std::fs::read_to_string(profile).expect("read profile");
     let hw = HardwareProfile::from_toml_str(&text, profile).expect("parse profile");
-    let spec = ModelSpec::by_name("qwen2.5-vl-tiny").expect("spec");
+    // The model every `validate` run uses.
+    let spec = ModelSpec::resolve(&cpu_config(Mode::B0).model).expect("the runs' model");
     let cost = CostModel::new(&hw, &spec, 1).expect("cost model");
     let steps: Vec<Timed> = std::fs::read_to_string(timed)
         .expect("read timed")
@@ -47,29 +50,21 @@ fn main() {
     println!("worker,kind,start_ns,measured_ns,predicted_ns,busy,batch,ctx_sum");
     for t in &steps {
         let Work::Step(s) = &t.what else { continue };
-        let (kind, p, b, c) = match s {
-            Step::Encode { tokens, .. } => ("encode", cost.encoder_time_ns(tokens), 0, 0),
+        let Some((k, p)) = alone_ns(&cost, s) else {
+            continue;
+        };
+        let (b, c) = match s {
             Step::Prefill(chunks) => (
-                "prefill",
-                cost.prefill_batch_time_ns(chunks),
                 chunks.len() as u32,
                 chunks.iter().map(|c| u64::from(c.0 + c.1)).sum(),
             ),
-            Step::Decode {
-                batch,
-                ctx_sum,
-                extra,
-            } if extra.is_empty() => (
-                "decode",
-                cost.decode_iter_time_ns(*batch, *ctx_sum),
-                *batch,
-                *ctx_sum,
-            ),
-            _ => continue,
+            Step::Decode { batch, ctx_sum, .. } => (*batch, *ctx_sum),
+            _ => (0, 0),
         };
         println!(
-            "{},{kind},{},{},{p},{:.3},{b},{c}",
+            "{},{},{},{},{p},{:.3},{b},{c}",
             t.worker,
+            ["encode", "prefill", "decode"][k],
             t.start_ns,
             t.measured_ns,
             busy_over(t.start_ns, t.start_ns + t.measured_ns)

@@ -144,20 +144,14 @@ pub fn step_stretch(
     hw: &HardwareProfile,
     spec: &ModelSpec,
 ) -> Result<[f64; 3], MeasureError> {
-    use crate::backend::{Step, Work};
+    use crate::backend::Work;
     let cost =
         moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
     let mut r: [Vec<f64>; 3] = Default::default();
     for t in timed {
-        let (k, p) = match &t.what {
-            Work::Step(Step::Encode { tokens, .. }) => (0, cost.encoder_time_ns(tokens)),
-            Work::Step(Step::Prefill(chunks)) => (1, cost.prefill_batch_time_ns(chunks)),
-            Work::Step(Step::Decode {
-                batch,
-                ctx_sum,
-                extra,
-            }) if extra.is_empty() => (2, cost.decode_iter_time_ns(*batch, *ctx_sum)),
-            _ => continue,
+        let Work::Step(step) = &t.what else { continue };
+        let Some((k, p)) = alone_ns(&cost, step) else {
+            continue;
         };
         if p > 0 {
             r[k].push(t.measured_ns as f64 / p as f64);
@@ -167,6 +161,26 @@ pub fn step_stretch(
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     }))
+}
+
+/// A compute step's kind (`0` encode, `1` prefill, `2` decode) and its time alone by
+/// `cost`, as [`step_stretch`] judges it; `None` for a decode iteration with extras
+/// (recomputes, fork copies), which the cost model does not price alone.
+pub fn alone_ns(
+    cost: &moonagent_models::CostModel,
+    step: &crate::backend::Step,
+) -> Option<(usize, u64)> {
+    use crate::backend::Step;
+    match step {
+        Step::Encode { tokens, .. } => Some((0, cost.encoder_time_ns(tokens))),
+        Step::Prefill(chunks) => Some((1, cost.prefill_batch_time_ns(chunks))),
+        Step::Decode {
+            batch,
+            ctx_sum,
+            extra,
+        } if extra.is_empty() => Some((2, cost.decode_iter_time_ns(*batch, *ctx_sum))),
+        _ => None,
+    }
 }
 
 /// One measured run, compared.
