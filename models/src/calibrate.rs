@@ -9,7 +9,9 @@
 //! piecewise-linear roofline): classify each sample as compute- or memory-bound with the
 //! current parameters, then solve the linear least-squares problem for that split. A side
 //! with no sample on it is not identifiable: its parameter keeps its prior value and the
-//! report marks it `fitted: false`. Transfers fit `t = bytes / bandwidth + latency` per
+//! report marks it `fitted: false`. A profile whose `roofline` is `sum` prices
+//! `t = X * u + Y * v + C + b` instead, one linear solve; [`calibrate_select`] fits each
+//! form it is given and keeps the one with the lower error on the compute samples. Transfers fit `t = bytes / bandwidth + latency` per
 //! link (one latency, one bandwidth per flow present), fingerprints
 //! `t = bytes / throughput + overhead`.
 //!
@@ -26,7 +28,9 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::cost::CostModel;
 use crate::error::ModelError;
-use crate::hardware::{Efficiency, Flow, HardwareProfile, Host, LinkKind, Links, Overheads};
+use crate::hardware::{
+    Efficiency, Flow, HardwareProfile, Host, LinkKind, Links, Overheads, Roofline, Rooflines,
+};
 use crate::lsq::{self, Singular};
 use crate::model::ModelSpec;
 
@@ -235,6 +239,9 @@ pub struct Calibration {
     pub links: Links,
     /// Host fingerprint throughput and overhead.
     pub host: Host,
+    /// How compute and memory times combine, per step kind (the forms fitted in).
+    #[serde(default, skip_serializing_if = "Rooflines::is_default")]
+    pub roofline: Rooflines,
 }
 
 impl Calibration {
@@ -245,6 +252,7 @@ impl Calibration {
             overheads: hw.overheads,
             links: hw.links,
             host: hw.host,
+            roofline: hw.roofline,
         }
     }
 
@@ -255,6 +263,7 @@ impl Calibration {
             overheads: self.overheads,
             links: self.links,
             host: self.host,
+            roofline: self.roofline,
             ..hw.clone()
         }
     }
@@ -341,6 +350,26 @@ pub struct CalibrationReport {
     pub rmse_ns: f64,
     /// Mean absolute percentage error over all samples, percent.
     pub mean_abs_pct_error: f64,
+    /// Every (compute group, roofline form) fitted, in fit order: the form each group
+    /// kept is in `calibration.roofline` ([`calibrate_select`] tries several).
+    pub forms: Vec<FormFit>,
+}
+
+/// One compute group fitted in one roofline form.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FormFit {
+    /// The group (encoder, prefill or decode).
+    pub group: Group,
+    /// The form.
+    pub roofline: Roofline,
+    /// Mean absolute percentage error over the group's samples in this form, percent;
+    /// `None` when the fit failed.
+    pub mean_abs_pct_error: Option<f64>,
+    /// Why the fit failed in this form.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The form the group kept (one per group).
+    pub kept: bool,
 }
 
 impl CalibrationReport {
@@ -425,6 +454,22 @@ pub fn calibrate(
     tp: u32,
     samples: &[Sample],
 ) -> Result<CalibrationReport, CalibrationError> {
+    calibrate_select(hw, model, tp, samples, &[])
+}
+
+/// [`calibrate`], fitting each compute group (decode, then prefill, then the encoder) in
+/// every form of `forms` and keeping, per group, the one with the lowest mean |%| error
+/// on that group's samples (the first of equals; a form whose fit fails is skipped, and
+/// the group fails only if every form does). Later groups are fitted on the bandwidth
+/// factor the kept decode form settled on. Empty `forms`: each group in `hw`'s form, as
+/// [`calibrate`] does.
+pub fn calibrate_select(
+    hw: &HardwareProfile,
+    model: &ModelSpec,
+    tp: u32,
+    samples: &[Sample],
+    forms: &[Roofline],
+) -> Result<CalibrationReport, CalibrationError> {
     if samples.is_empty() {
         return Err(CalibrationError::NoSamples);
     }
@@ -456,16 +501,90 @@ pub fn calibrate(
     // FLOPs and bytes do not depend on the efficiencies; the all-reduce term does depend
     // on NVLink, which is now final.
     let cost = CostModel::unchecked(&cal.apply(hw), model, tp);
+    let mut tried = Vec::new();
     for group in [Group::Decode, Group::Prefill, Group::Encoder] {
         let idx = indices(samples, |s| s.group() == group);
-        if !idx.is_empty() {
-            fit_gpu(group, &cost, samples, &idx, &mut cal, &mut params)?;
+        if idx.is_empty() {
+            continue;
+        }
+        let own = [*form_of(&mut cal.roofline, group)];
+        let candidates = if forms.is_empty() { &own[..] } else { forms };
+        let mut best: Option<(f64, Calibration, Vec<FittedParam>, usize)> = None;
+        let mut first_err = None;
+        for &form in candidates {
+            let mut c = cal;
+            *form_of(&mut c.roofline, group) = form;
+            let mut p = Vec::new();
+            let fitted = fit_gpu(group, &cost, samples, &idx, &mut c, &mut p)
+                .and_then(|()| group_error(&c.apply(hw), model, tp, samples, &idx));
+            match fitted {
+                Ok(e) => {
+                    tried.push(FormFit {
+                        group,
+                        roofline: form,
+                        mean_abs_pct_error: Some(e),
+                        error: None,
+                        kept: false,
+                    });
+                    if best.as_ref().is_none_or(|(b, _, _, _)| e < *b) {
+                        best = Some((e, c, p, tried.len() - 1));
+                    }
+                }
+                Err(err) => {
+                    tried.push(FormFit {
+                        group,
+                        roofline: form,
+                        mean_abs_pct_error: None,
+                        error: Some(err.to_string()),
+                        kept: false,
+                    });
+                    first_err.get_or_insert(err);
+                }
+            }
+        }
+        match (best, first_err) {
+            (Some((_, c, p, at)), _) => {
+                cal = c;
+                params.extend(p);
+                tried[at].kept = true;
+            }
+            (None, Some(e)) => return Err(e),
+            (None, None) => unreachable!("at least one candidate form"),
         }
     }
 
     let fitted = cal.apply(hw);
     fitted.validate()?;
-    report(cal, params, &fitted, model, tp, samples)
+    let mut r = report(cal, params, &fitted, model, tp, samples)?;
+    r.forms = tried;
+    Ok(r)
+}
+
+/// The form of one compute group's steps.
+fn form_of(r: &mut Rooflines, group: Group) -> &mut Roofline {
+    match group {
+        Group::Decode => &mut r.decode,
+        Group::Prefill => &mut r.prefill,
+        _ => &mut r.encoder,
+    }
+}
+
+/// Mean |%| error of `fitted` on the samples `idx`.
+fn group_error(
+    fitted: &HardwareProfile,
+    model: &ModelSpec,
+    tp: u32,
+    samples: &[Sample],
+    idx: &[usize],
+) -> Result<f64, CalibrationError> {
+    let cost = CostModel::unchecked(fitted, model, tp);
+    let mut sum = 0.0;
+    for &i in idx {
+        let m = samples[i].measured_ns() as f64;
+        let p = samples[i].predict_ns(&cost, fitted)? as f64;
+        sum += ((p - m) / m).abs() * 100.0;
+    }
+    Ok(sum / idx.len() as f64)
 }
 
 fn indices(samples: &[Sample], pick: impl Fn(&Sample) -> bool) -> Vec<usize> {
@@ -725,7 +844,10 @@ fn fit_gpu(
         fitted_u: false,
         fitted_v: false,
     };
-    let fit = fit_roofline(group, &names, &x, &y, &c, &t, prior, free_v)?;
+    let fit = match *form_of(&mut cal.roofline, group) {
+        Roofline::Max => fit_roofline(group, &names, &x, &y, &c, &t, prior, free_v)?,
+        Roofline::Sum => fit_sum(group, &names, &x, &y, &c, &t, prior, free_v)?,
+    };
 
     let new_mfu = 1.0 / fit.u;
     check_fraction(group, mfu_param, new_mfu)?;
@@ -867,6 +989,73 @@ fn fit_roofline(
     Ok(best.map_or(cur, |(_, r)| r))
 }
 
+/// The no-overlap form `t = X * u + Y * v + C + b`: one linear least-squares solve (`v`
+/// fixed at its prior unless `free_v`). A parameter whose regressor is zero on every
+/// sample keeps its prior (`fitted: false`).
+#[allow(clippy::too_many_arguments)]
+fn fit_sum(
+    group: Group,
+    names: &[Param],
+    x: &[f64],
+    y: &[f64],
+    c: &[f64],
+    t: &[f64],
+    prior: Roof,
+    free_v: bool,
+) -> Result<Roof, CalibrationError> {
+    let n = t.len();
+    let (u_name, v_name, b_name) = if free_v {
+        (names[0], names[1], names[2])
+    } else {
+        (names[0], Param::HbmEfficiency, names[1])
+    };
+    let use_u = x.iter().any(|&v| v > 0.0);
+    let use_v = free_v && y.iter().any(|&v| v > 0.0);
+    let mut cols: Vec<Vec<f64>> = Vec::with_capacity(3);
+    let mut col_names: Vec<Param> = Vec::with_capacity(3);
+    if use_u {
+        cols.push(x.to_vec());
+        col_names.push(u_name);
+    }
+    if use_v {
+        cols.push(y.to_vec());
+        col_names.push(v_name);
+    }
+    cols.push(vec![1.0; n]);
+    col_names.push(b_name);
+    let rhs: Vec<f64> = (0..n)
+        .map(|i| {
+            let fixed =
+                if use_u { 0.0 } else { x[i] * prior.u } + if use_v { 0.0 } else { y[i] * prior.v };
+            t[i] - c[i] - fixed
+        })
+        .collect();
+    let (slopes, b) = solve_with_intercept(group, &cols, &col_names, &rhs, t)?;
+    let mut cur = prior;
+    let mut k = 0;
+    if use_u {
+        cur.u = slopes.get(k).copied().unwrap_or(cur.u);
+        k += 1;
+    }
+    if use_v {
+        cur.v = slopes.get(k).copied().unwrap_or(cur.v);
+    }
+    cur.b = b;
+    cur.fitted_u = use_u;
+    cur.fitted_v = use_v;
+    for (param, value) in [(u_name, cur.u), (v_name, cur.v)] {
+        if !(value > 0.0 && value.is_finite()) {
+            return Err(CalibrationError::NonPhysical {
+                group,
+                param,
+                value: 1.0 / value,
+                why: "measured time does not grow with the work; check the samples",
+            });
+        }
+    }
+    Ok(cur)
+}
+
 fn check_fraction(group: Group, param: Param, value: f64) -> Result<(), CalibrationError> {
     if value > 0.0 && value <= 1.0 {
         Ok(())
@@ -931,6 +1120,7 @@ fn report(
         groups,
         rmse_ns: overall.rmse_ns,
         mean_abs_pct_error: overall.mean_abs_pct_error,
+        forms: Vec::new(),
         residuals,
     })
 }

@@ -1,7 +1,9 @@
 //! Cost functions: how long a piece of GPU, link or CPU work takes, in integer ns.
 //!
-//! Each GPU cost is a roofline: `max(flops / (peak * mfu), bytes / (bandwidth * eff))`,
-//! plus the tensor-parallel all-reduce time when `tp > 1`, plus a fixed overhead per call.
+//! Each GPU cost is a roofline: `max(flops / (peak * mfu), bytes / (bandwidth * eff))`
+//! (or their sum, for a step kind whose `roofline` is `sum`: compute and memory traffic
+//! that do not overlap), plus the tensor-parallel all-reduce time when `tp > 1`, plus a fixed
+//! overhead per call.
 //! FLOPs and bytes come from the model spec ([`Work`] shows them); peaks from the hardware
 //! profile; `mfu`, `eff` and overheads are the calibratable factors. A [`CostModel`] folds
 //! a profile, a spec and a tensor-parallel degree into a small `Copy` value once, so each
@@ -26,7 +28,7 @@
 //!   ring all-reduces over NVLink: `latency + 2 (tp-1)/tp * tokens * hidden * dtype / bw`.
 
 use crate::error::{FieldError, ModelError};
-use crate::hardware::{Flow, HardwareProfile, Host, Link};
+use crate::hardware::{Flow, HardwareProfile, Host, Link, Roofline, Rooflines};
 use crate::model::ModelSpec;
 use crate::to_ns;
 
@@ -53,6 +55,7 @@ pub struct CostModel {
     prefill_mfu: f64,
     decode_mfu: f64,
     hbm_efficiency: f64,
+    rooflines: Rooflines,
     encoder_overhead_ns: u64,
     prefill_overhead_ns: u64,
     decode_overhead_ns: u64,
@@ -119,6 +122,7 @@ impl CostModel {
             prefill_mfu: hw.efficiency.prefill_mfu,
             decode_mfu: hw.efficiency.decode_mfu,
             hbm_efficiency: hw.efficiency.hbm_efficiency,
+            rooflines: hw.roofline,
             encoder_overhead_ns: hw.overheads.encoder_batch_ns,
             prefill_overhead_ns: hw.overheads.prefill_chunk_ns,
             decode_overhead_ns: hw.overheads.decode_iter_ns,
@@ -190,7 +194,12 @@ impl CostModel {
     #[inline]
     pub fn encoder_time_ns(&self, visual_tokens: &[u32]) -> u64 {
         let w = self.encoder_work(visual_tokens);
-        self.time_ns(&w, self.encoder_mfu, self.encoder_overhead_ns)
+        self.time_ns(
+            &w,
+            self.encoder_mfu,
+            self.encoder_overhead_ns,
+            self.rooflines.encoder,
+        )
     }
 
     /// FLOPs, bytes and all-reduce time of a prefill chunk of `new_tokens` after
@@ -235,14 +244,24 @@ impl CostModel {
     #[inline]
     pub fn prefill_time_ns(&self, new_tokens: u32, cached_tokens: u32) -> u64 {
         let w = self.prefill_work(new_tokens, cached_tokens);
-        self.time_ns(&w, self.prefill_mfu, self.prefill_overhead_ns)
+        self.time_ns(
+            &w,
+            self.prefill_mfu,
+            self.prefill_overhead_ns,
+            self.rooflines.prefill,
+        )
     }
 
     /// Time of one forward pass over several `(new_tokens, cached_tokens)` chunks, ns.
     #[inline]
     pub fn prefill_batch_time_ns(&self, chunks: &[(u32, u32)]) -> u64 {
         let w = self.prefill_batch_work(chunks);
-        self.time_ns(&w, self.prefill_mfu, self.prefill_overhead_ns)
+        self.time_ns(
+            &w,
+            self.prefill_mfu,
+            self.prefill_overhead_ns,
+            self.rooflines.prefill,
+        )
     }
 
     /// FLOPs, bytes and all-reduce time of one decode iteration: `batch` sequences whose
@@ -266,7 +285,12 @@ impl CostModel {
     #[inline]
     pub fn decode_iter_time_ns(&self, batch: u32, context_tokens: u64) -> u64 {
         let w = self.decode_work(batch, context_tokens);
-        self.time_ns(&w, self.decode_mfu, self.decode_overhead_ns)
+        self.time_ns(
+            &w,
+            self.decode_mfu,
+            self.decode_overhead_ns,
+            self.rooflines.decode,
+        )
     }
 
     /// KV-cache capacity in tokens when `mem_fraction` of the group's memory is usable and
@@ -299,13 +323,13 @@ impl CostModel {
     }
 
     #[inline]
-    fn time_ns(&self, w: &Work, mfu: f64, overhead_ns: u64) -> u64 {
+    fn time_ns(&self, w: &Work, mfu: f64, overhead_ns: u64, form: Roofline) -> u64 {
         if w.flops == 0.0 && w.hbm_bytes == 0.0 {
             return 0;
         }
         let compute = self.compute_ns_at_peak(w) / mfu;
         let memory = self.memory_ns_at_peak(w) / self.hbm_efficiency;
-        let roof = if compute >= memory { compute } else { memory };
+        let roof = form.combine(compute, memory);
         to_ns(roof + w.comm_ns).saturating_add(overhead_ns)
     }
 }

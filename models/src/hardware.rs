@@ -57,6 +57,13 @@ pub struct HardwareProfile {
     pub efficiency: Efficiency,
     /// Fixed time per batch, chunk or iteration on top of the rooflines.
     pub overheads: Overheads,
+    /// How each step kind's compute and memory times combine: `max` (they overlap, the
+    /// default: a GPU streaming weights while its tensor cores run) or `sum` (they do
+    /// not: a CPU whose small-batch GEMMs stall on loads). Calibratable: `moonagent
+    /// validate profile` fits both per kind and keeps the one that explains its samples
+    /// better. In a profile file: `[roofline]` with `decode = "sum"`; absent, all `max`.
+    #[serde(default, skip_serializing_if = "Rooflines::is_default")]
+    pub roofline: Rooflines,
     /// Interconnects this device can use, each optional.
     pub links: Links,
     /// The host CPU, for work done before the GPU (content fingerprints).
@@ -133,6 +140,80 @@ pub fn shared_core_rates(cores: f64, weights: &[f64], rates: &mut Vec<f64>) {
             break;
         }
         cap -= (before - open.len()) as f64;
+    }
+}
+
+/// How a compute step's time at its efficiencies, `compute = X / mfu` and `memory = Y /
+/// hbm_efficiency`, becomes one time (before the all-reduce and the fixed overhead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Roofline {
+    /// `max(compute, memory)`: memory traffic overlaps compute (the roofline model).
+    #[default]
+    Max,
+    /// `compute + memory`: no overlap (a lower bound on overlap; fits CPU GEMMs at small
+    /// batch, whose time grows with the batch while the weights are still streamed).
+    Sum,
+}
+
+impl Roofline {
+    /// Both forms, the default first.
+    pub const ALL: [Roofline; 2] = [Roofline::Max, Roofline::Sum];
+
+    /// True for the default form (so a profile file leaves it out).
+    pub fn is_max(&self) -> bool {
+        *self == Roofline::Max
+    }
+
+    /// The form's name as in a profile file (`max`, `sum`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Roofline::Max => "max",
+            Roofline::Sum => "sum",
+        }
+    }
+
+    /// Combine a step's compute and memory times, ns.
+    #[inline]
+    pub fn combine(&self, compute: f64, memory: f64) -> f64 {
+        match self {
+            Roofline::Max => {
+                if compute >= memory {
+                    compute
+                } else {
+                    memory
+                }
+            }
+            Roofline::Sum => compute + memory,
+        }
+    }
+}
+
+/// The [`Roofline`] form of each compute step kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rooflines {
+    /// Vision-encoder batches.
+    #[serde(default, skip_serializing_if = "Roofline::is_max")]
+    pub encoder: Roofline,
+    /// Prefill chunks.
+    #[serde(default, skip_serializing_if = "Roofline::is_max")]
+    pub prefill: Roofline,
+    /// Decode iterations.
+    #[serde(default, skip_serializing_if = "Roofline::is_max")]
+    pub decode: Roofline,
+}
+
+impl Rooflines {
+    /// Every kind `max` (so a profile file leaves the table out).
+    pub fn is_default(&self) -> bool {
+        *self == Rooflines::default()
+    }
+}
+
+impl std::fmt::Display for Roofline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

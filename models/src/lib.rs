@@ -30,8 +30,8 @@ mod lsq;
 pub mod model;
 
 pub use calibrate::{
-    calibrate, Calibration, CalibrationError, CalibrationReport, FittedParam, Group, GroupFit,
-    Param, Residual, Sample,
+    calibrate, calibrate_select, Calibration, CalibrationError, CalibrationReport, FittedParam,
+    FormFit, Group, GroupFit, Param, Residual, Sample,
 };
 pub use cost::{
     decode_iter_time_ns, encoder_time_ns, fingerprint_time_ns, prefill_time_ns, transfer_time_ns,
@@ -40,7 +40,7 @@ pub use cost::{
 pub use error::ModelError;
 pub use hardware::{
     shared_core_rates, CoreWeights, Efficiency, Flow, HardwareProfile, Host, Link, LinkKind, Links,
-    Overheads,
+    Overheads, Roofline, Rooflines,
 };
 pub use model::{Dtype, LlmSpec, ModelSpec, VisionSpec};
 

@@ -2,8 +2,8 @@
 //! error, and turns too few or degenerate samples into errors instead of panics.
 
 use moonagent_models::{
-    calibrate, Calibration, CalibrationError, CostModel, Flow, Group, HardwareProfile, LinkKind,
-    ModelSpec, Param, Sample,
+    calibrate, calibrate_select, Calibration, CalibrationError, CostModel, Flow, Group,
+    HardwareProfile, LinkKind, ModelSpec, Param, Roofline, Rooflines, Sample,
 };
 
 /// Deterministic noise in [-1, 1] (splitmix64).
@@ -477,4 +477,109 @@ fn samples_and_reports_serialise() {
     ] {
         assert!(text.contains(needle), "{needle} missing");
     }
+}
+
+/// [`truth`] with the given forms: samples from it, fitted from the all-`max` H200 prior
+/// with both forms on offer, must come back with the same forms and parameters.
+fn recover_forms(forms: Rooflines) {
+    let mut truth = truth();
+    truth.roofline = forms;
+    let model = model();
+    let data = samples(&truth, &model, 0.002);
+    let prior = HardwareProfile::by_name("h200").unwrap();
+    let report = calibrate_select(&prior, &model, 1, &data, &Roofline::ALL).unwrap();
+    assert_eq!(report.calibration.roofline, forms);
+    let want = Calibration::of(&truth);
+    for p in &report.params {
+        let expected = want.get(p.param).unwrap();
+        let rel = (p.value - expected) / expected;
+        assert!(p.fitted, "{forms:?}: {} not fitted", p.param);
+        assert!(
+            rel.abs() < 0.005,
+            "{forms:?}: {} {:.3}% off",
+            p.param,
+            rel * 100.0
+        );
+    }
+    // Every compute group was fitted in both forms, decode first; the kept form has the
+    // lower error, and the true form explains the samples to within the noise.
+    let groups: Vec<(Group, Roofline)> =
+        report.forms.iter().map(|f| (f.group, f.roofline)).collect();
+    let mut expected = Vec::new();
+    for g in [Group::Decode, Group::Prefill, Group::Encoder] {
+        for r in Roofline::ALL {
+            expected.push((g, r));
+        }
+    }
+    assert_eq!(groups, expected);
+    for pair in report.forms.chunks(2) {
+        let kept = match pair[0].group {
+            Group::Decode => forms.decode,
+            Group::Prefill => forms.prefill,
+            _ => forms.encoder,
+        };
+        let (k, other) = if pair[0].roofline == kept {
+            (&pair[0], &pair[1])
+        } else {
+            (&pair[1], &pair[0])
+        };
+        assert!(k.kept && !other.kept, "{forms:?}: {pair:?}");
+        let ke = k.mean_abs_pct_error.unwrap();
+        assert!(ke < 0.2, "{forms:?}: {k:?}");
+        if let Some(oe) = other.mean_abs_pct_error {
+            assert!(oe > ke, "{forms:?}: {other:?} beat {k:?}");
+        }
+    }
+    for g in &report.groups {
+        assert!(g.mean_abs_pct_error < 0.2, "{forms:?}: {g:?}");
+    }
+}
+
+#[test]
+fn the_form_each_kind_was_timed_in_is_the_form_the_fit_keeps() {
+    let sum = Roofline::Sum;
+    let max = Roofline::Max;
+    for (encoder, prefill, decode) in [
+        (max, max, max),
+        (max, max, sum),
+        (max, sum, max),
+        (sum, max, max),
+        (sum, sum, sum),
+    ] {
+        recover_forms(Rooflines {
+            encoder,
+            prefill,
+            decode,
+        });
+    }
+}
+
+#[test]
+fn calibrate_fits_each_kind_in_the_priors_form() {
+    let model = model();
+    let mut truth = truth();
+    truth.roofline.decode = Roofline::Sum;
+    let data = samples(&truth, &model, 0.002);
+    let mut prior = HardwareProfile::by_name("h200").unwrap();
+    // In the prior's (all max) form the sum-timed decode samples fit worse.
+    let all_max = calibrate(&prior, &model, 1, &data).unwrap();
+    assert_eq!(all_max.calibration.roofline, Rooflines::default());
+    assert_eq!(all_max.forms.len(), 3);
+    assert!(all_max
+        .forms
+        .iter()
+        .all(|f| f.kept && f.roofline == Roofline::Max));
+    assert!(all_max.group(Group::Decode).unwrap().mean_abs_pct_error > 1.0);
+    prior.roofline.decode = Roofline::Sum;
+    let own = calibrate(&prior, &model, 1, &data).unwrap();
+    assert_eq!(own.calibration.roofline, truth.roofline);
+    assert!(own.group(Group::Decode).unwrap().mean_abs_pct_error < 0.2);
+    // calibrate is calibrate_select with no forms on offer.
+    assert_eq!(
+        own,
+        calibrate_select(&prior, &model, 1, &data, &[]).unwrap()
+    );
+    let text = own.to_json();
+    assert!(text.contains("\"decode\": \"sum\""), "{text}");
+    assert!(text.contains("\"roofline\": \"sum\""), "{text}");
 }

@@ -3,7 +3,7 @@
 
 use moonagent_models::{
     decode_iter_time_ns, encoder_time_ns, fingerprint_time_ns, prefill_time_ns, transfer_time_ns,
-    CostModel, Flow, HardwareProfile, LinkKind, ModelSpec,
+    CostModel, Flow, HardwareProfile, LinkKind, ModelSpec, Roofline, Rooflines, Work,
 };
 
 fn setup(hw: &str, model: &str, tp: u32) -> (HardwareProfile, ModelSpec, CostModel) {
@@ -333,8 +333,18 @@ fn sanity_orders_of_magnitude() {
 /// leaves links and fingerprinting alone, on a GPU profile and the CPU one.
 #[test]
 fn scaled_steps_take_s_times_as_long_and_nothing_else_moves() {
-    for hw_name in ["h200", "cpu"] {
-        let (hw, spec, base) = setup(hw_name, "qwen2.5-vl-tiny", 1);
+    for (hw_name, form) in [
+        ("h200", Roofline::Max),
+        ("cpu", Roofline::Max),
+        ("cpu", Roofline::Sum),
+    ] {
+        let (mut hw, spec, _) = setup(hw_name, "qwen2.5-vl-tiny", 1);
+        hw.roofline = Rooflines {
+            encoder: form,
+            prefill: form,
+            decode: form,
+        };
+        let base = CostModel::new(&hw, &spec, 1).unwrap();
         for s in [0.9, 1.05, 2.0] {
             let slow = hw.with_steps_scaled(s);
             let cost = CostModel::new(&slow, &spec, 1).unwrap();
@@ -370,5 +380,95 @@ fn scaled_steps_take_s_times_as_long_and_nothing_else_moves() {
             assert_eq!(slow.host, hw.host, "{hw_name}: the host moved");
             assert_eq!(slow.shared_cores, hw.shared_cores);
         }
+    }
+}
+
+/// The time a kind's cost should take in `form`: compute and memory at the profile's
+/// efficiencies, combined, rounded up, plus the overhead.
+fn expected_ns(hw: &HardwareProfile, w: Work, mfu: f64, overhead: u64, form: Roofline) -> u64 {
+    let compute = w.flops / (hw.peak_bf16_flops_per_s * mfu) * 1e9;
+    let memory = w.hbm_bytes / (hw.hbm_bytes_per_s * hw.efficiency.hbm_efficiency) * 1e9;
+    let t = match form {
+        Roofline::Max => compute.max(memory),
+        Roofline::Sum => compute + memory,
+    };
+    t.ceil() as u64 + overhead
+}
+
+#[test]
+fn a_sum_roofline_adds_compute_and_memory_for_its_kind_only() {
+    for hw_name in ["h200", "cpu"] {
+        let (hw, spec, max) = setup(hw_name, "qwen2.5-vl-tiny", 1);
+        let (e, o) = (hw.efficiency, hw.overheads);
+        for kind in 0..3 {
+            let mut sum_hw = hw.clone();
+            let mut forms = Rooflines::default();
+            *[&mut forms.encoder, &mut forms.prefill, &mut forms.decode][kind] = Roofline::Sum;
+            sum_hw.roofline = forms;
+            let cost = CostModel::new(&sum_hw, &spec, 1).unwrap();
+            let close = |got: u64, want: u64, what: &str| {
+                assert!(
+                    got.abs_diff(want) <= 1,
+                    "{hw_name}, {what} with forms {forms:?}: {got} ns, expected {want}"
+                );
+            };
+            for tokens in [64u32, 1024] {
+                let w = cost.encoder_work(&[tokens]);
+                close(
+                    cost.encoder_time_ns(&[tokens]),
+                    expected_ns(&hw, w, e.encoder_mfu, o.encoder_batch_ns, forms.encoder),
+                    "encode",
+                );
+            }
+            for (new, cached) in [(8u32, 0u32), (2048, 512)] {
+                let w = cost.prefill_work(new, cached);
+                close(
+                    cost.prefill_time_ns(new, cached),
+                    expected_ns(&hw, w, e.prefill_mfu, o.prefill_chunk_ns, forms.prefill),
+                    "prefill",
+                );
+            }
+            for (b, ctx) in [(1u32, 128u64), (64, 65536)] {
+                let w = cost.decode_work(b, ctx);
+                let t = cost.decode_iter_time_ns(b, ctx);
+                close(
+                    t,
+                    expected_ns(&hw, w, e.decode_mfu, o.decode_iter_ns, forms.decode),
+                    "decode",
+                );
+                // Without overlap a step never takes less than with it.
+                assert!(t >= max.decode_iter_time_ns(b, ctx));
+            }
+        }
+    }
+}
+
+#[test]
+fn roofline_forms_round_trip_through_a_profile_file() {
+    let hw = HardwareProfile::by_name("cpu").unwrap();
+    let text = hw.to_toml_string().unwrap();
+    assert!(
+        !text.contains("roofline"),
+        "the default form is left out:\n{text}"
+    );
+    let mut sum = hw.clone();
+    sum.roofline.decode = Roofline::Sum;
+    let text = sum.to_toml_string().unwrap();
+    assert!(
+        text.contains("[roofline]") && text.contains("decode = \"sum\""),
+        "{text}"
+    );
+    assert!(!text.contains("prefill = "), "{text}");
+    let back = HardwareProfile::from_toml_str(&text, "test").unwrap();
+    assert_eq!(back, sum);
+    for (bad, needle) in [
+        ("[roofline]\ndecode = \"min\"\n", "min"),
+        ("[roofline]\nlm_head = \"sum\"\n", "lm_head"),
+    ] {
+        let err =
+            HardwareProfile::from_toml_str(&format!("{}{bad}", hw.to_toml_string().unwrap()), "t")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains(needle), "{err}");
     }
 }

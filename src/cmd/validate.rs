@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use moonagent_core::serve::{Flow, Mode};
 use moonagent_core::store::{Recorded, Store};
-use moonagent_models::{HardwareProfile, ModelSpec};
+use moonagent_models::{HardwareProfile, ModelSpec, Roofline};
 use moonagent_sim::des::SimConfig;
 use moonagent_sim::progress;
 use moonagent_validation::backend::{Executor, KvPath, RunOptions};
@@ -57,10 +57,35 @@ struct ProfileArgs {
     /// Weight seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The cost model's form for compute steps: fit both and keep the better (auto), or
+    /// one of them.
+    #[arg(long, value_enum, default_value = "auto")]
+    roofline: RooflineArg,
     #[command(flatten)]
     sched: HostSchedArgs,
     #[command(flatten)]
     device: ComputeArgs,
+}
+
+/// `--roofline`: which forms of the compute cost the fit may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum RooflineArg {
+    /// Fit `max` and `sum`, keep the one with the lower error on the fit samples.
+    Auto,
+    /// `max(compute, memory)`: they overlap (the roofline).
+    Max,
+    /// `compute + memory`: no overlap.
+    Sum,
+}
+
+impl RooflineArg {
+    fn forms(self) -> Vec<Roofline> {
+        match self {
+            RooflineArg::Auto => Roofline::ALL.to_vec(),
+            RooflineArg::Max => vec![Roofline::Max],
+            RooflineArg::Sum => vec![Roofline::Sum],
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -263,6 +288,9 @@ struct AllArgs {
     /// Where each run keeps encoder outputs and prefix KV.
     #[arg(long, value_enum, default_value = "mem")]
     store: StoreKind,
+    /// The cost model's form for compute steps (see `validate profile --help`).
+    #[arg(long, value_enum, default_value = "auto")]
+    roofline: RooflineArg,
     #[command(flatten)]
     sched: HostSchedArgs,
     #[command(flatten)]
@@ -396,6 +424,7 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
         &holdout,
         exec.shared_cores(),
         contention,
+        &a.roofline.forms(),
     )?;
     let path = study::write_profile(&a.out, &p, &samples, &holdout)?;
     println!("{}", study::profile_markdown(&p));
@@ -527,6 +556,7 @@ fn all_cmd(a: AllArgs) -> Result<()> {
         host_sched: a.sched.sched(),
         base_hardware: a.base.clone(),
         compute: a.device.label(),
+        rooflines: a.roofline.forms(),
         ..StudyConfig::default()
     };
     if let Some(l) = cfg

@@ -16,9 +16,11 @@ use moonagent_core::cores::CoresError;
 use moonagent_core::rng::Rng;
 use moonagent_core::serve::{Flow, WorkerId};
 use moonagent_models::calibrate::{
-    calibrate, CalibrationError, CalibrationReport, Group, Residual, Sample,
+    calibrate_select, CalibrationError, CalibrationReport, Group, Residual, Sample,
 };
-use moonagent_models::{CoreWeights, CostModel, HardwareProfile, LinkKind, ModelError, ModelSpec};
+use moonagent_models::{
+    CoreWeights, CostModel, HardwareProfile, LinkKind, ModelError, ModelSpec, Roofline,
+};
 use serde::Serialize;
 
 use crate::backend::link::{LinkError, Sink};
@@ -343,8 +345,9 @@ pub fn fit(
     holdout: &[Sample],
     shared_cores: Option<f64>,
     contention: Option<ContentionReport>,
+    forms: &[Roofline],
 ) -> Result<Profile, ProfileError> {
-    let report = calibrate(base, spec, 1, fit_samples)?;
+    let report = calibrate_select(base, spec, 1, fit_samples, forms)?;
     let mut hardware = report.calibration.apply(base);
     hardware.shared_cores = shared_cores;
     hardware.core_weights = contention

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use moonagent_core::serve::Mode;
 use moonagent_core::store::{MemStoreConfig, Store, SEC};
-use moonagent_models::{HardwareProfile, ModelSpec};
+use moonagent_models::{FormFit, Group, HardwareProfile, ModelSpec, Roofline};
 use moonagent_sim::des::{simulate, SimConfig};
 use moonagent_traces::gen::workloads::{WorkloadConfig, WorkloadGen};
 use moonagent_traces::schema::Request;
@@ -111,6 +111,8 @@ pub struct StudyConfig {
     pub base_hardware: String,
     /// What ran the operators, as the report names it (`cpu`, `cuda:0`).
     pub compute: String,
+    /// The compute cost forms the profile fit may choose from ([`profile::fit`]).
+    pub rooflines: Vec<Roofline>,
 }
 
 impl Default for StudyConfig {
@@ -127,6 +129,7 @@ impl Default for StudyConfig {
             host_sched: HostSched::default(),
             base_hardware: "cpu".into(),
             compute: "cpu".into(),
+            rooflines: Roofline::ALL.to_vec(),
         }
     }
 }
@@ -297,6 +300,7 @@ pub fn run_study(
         &hold,
         exec.shared_cores(),
         contention,
+        &cfg.rooflines,
     )?;
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
     let hw_arg = profile_path.display().to_string();
@@ -471,6 +475,7 @@ pub fn profile_markdown(p: &Profile) -> String {
             pr.map_or("-".into(), |h| format!("{:.1}", h.median_abs_pct)),
         ));
     }
+    s.push_str(&forms_markdown(&p.fit.forms));
     if let Some(c) = &p.contention {
         let w = c.weights;
         s.push_str(&format!(
@@ -502,6 +507,37 @@ pub fn profile_markdown(p: &Profile) -> String {
             }
         ));
     }
+    s
+}
+
+/// One line per compute operator: the cost form it kept, and each form's mean |error|
+/// on the fit samples (what [`moonagent_models::calibrate_select`] chose by).
+fn forms_markdown(forms: &[FormFit]) -> String {
+    let mut groups: Vec<Group> = forms.iter().map(|f| f.group).collect();
+    groups.dedup();
+    if groups.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\nCost form per operator (`max`: compute and memory overlap, the roofline; `sum`: they do not), chosen by mean |error| on the fit samples:",
+    );
+    for g in groups {
+        let tried: Vec<&FormFit> = forms.iter().filter(|f| f.group == g).collect();
+        let kept = tried
+            .iter()
+            .find(|f| f.kept)
+            .map_or("-", |f| f.roofline.as_str());
+        let each: Vec<String> = tried
+            .iter()
+            .map(|f| match f.mean_abs_pct_error {
+                Some(e) => format!("{} {e:.1}%", f.roofline),
+                None => format!("{} failed", f.roofline),
+            })
+            .collect();
+        s.push_str(&format!(" {g} **{kept}** ({});", each.join(", ")));
+    }
+    s.pop();
+    s.push_str(".\n");
     s
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use moonagent_core::serve::WorkerId;
-use moonagent_models::{HardwareProfile, ModelSpec};
+use moonagent_models::{HardwareProfile, ModelSpec, Roofline};
 use moonagent_validation::backend::{ExecError, Executor, Step};
 use moonagent_validation::profile::{self, ContentionPlan, Grid};
 
@@ -104,7 +104,16 @@ fn fitted_weights_enter_the_profile_with_the_shared_cores() {
         ..c.clone()
     };
     let fit_with = |c: profile::ContentionReport| {
-        profile::fit(&base, &spec, &samples, &samples, Some(cores), Some(c)).unwrap()
+        profile::fit(
+            &base,
+            &spec,
+            &samples,
+            &samples,
+            Some(cores),
+            Some(c),
+            &Roofline::ALL,
+        )
+        .unwrap()
     };
     let p = fit_with(rejected);
     assert_eq!(p.hardware.core_weights, None);
@@ -120,7 +129,16 @@ fn fitted_weights_enter_the_profile_with_the_shared_cores() {
     std::fs::remove_dir_all(&dir).ok();
     assert!(moonagent_validation::study::profile_markdown(&p).contains("Shared cores"));
     // Without shared cores there is nothing to weigh.
-    let p = profile::fit(&base, &spec, &samples, &samples, None, Some(c)).unwrap();
+    let p = profile::fit(
+        &base,
+        &spec,
+        &samples,
+        &samples,
+        None,
+        Some(c),
+        &Roofline::ALL,
+    )
+    .unwrap();
     assert_eq!(p.hardware.core_weights, None);
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use moonagent_core::serve::toy::replay_inputs;
 use moonagent_core::serve::Mode;
 use moonagent_core::store::Recorded;
-use moonagent_models::{HardwareProfile, ModelSpec};
+use moonagent_models::{HardwareProfile, ModelSpec, Roofline};
 use moonagent_sim::des::SimConfig;
 use moonagent_validation::backend::{Executor, KvPath, RunOptions};
 use moonagent_validation::compare::{compare, repeat_difference, sim_vs_sim};
@@ -59,7 +59,16 @@ fn a_measured_run_replays_to_its_decisions_and_the_fitted_simulator_predicts_it_
     let grid = Grid::quick();
     let samples = profile::measure(&grid, exec.as_ref(), |_| {}).unwrap();
     let hold = profile::measure(&grid.holdout(3, 3), exec.as_ref(), |_| {}).unwrap();
-    let fitted = profile::fit(&base, &spec, &samples, &hold, exec.shared_cores(), None).unwrap();
+    let fitted = profile::fit(
+        &base,
+        &spec,
+        &samples,
+        &hold,
+        exec.shared_cores(),
+        None,
+        &Roofline::ALL,
+    )
+    .unwrap();
     let dir = std::env::temp_dir().join(format!("moonagent-validate-{}", std::process::id()));
     let path = write_profile(&dir, &fitted, &samples, &hold).unwrap();
     let hw = path.display().to_string();
