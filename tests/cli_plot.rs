@@ -9,7 +9,7 @@ fn bin() -> Command {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("moonagent-cli-plot-{}", std::process::id()));
+    let d = scratch_dir("cli-plot");
     std::fs::create_dir_all(&d).expect("temp dir");
     d.join(name)
 }
@@ -132,4 +132,15 @@ fn sweep_best_plot_draws_the_front_and_the_best_point() {
             "best on encoder_output.hit_rate",
         ],
     );
+}
+
+/// This test binary's scratch folder under cargo's `target/tmp`, emptied once per run: the
+/// last run's files stay there to look at, and no run leaves one in the system temp dir.
+fn scratch_dir(name: &str) -> PathBuf {
+    static EMPTIED: std::sync::Once = std::sync::Once::new();
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    EMPTIED.call_once(|| {
+        let _ = std::fs::remove_dir_all(&d);
+    });
+    d
 }

@@ -14,7 +14,7 @@ fn bin() -> Command {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("moonagent-cli-replay-{}", std::process::id()));
+    let d = scratch_dir("cli-replay");
     std::fs::create_dir_all(&d).expect("temp dir");
     d.join(name)
 }
@@ -446,4 +446,15 @@ fn the_trace_cache_gives_byte_identical_output_and_rebuilds_damaged_files() {
             assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 2);
         }
     }
+}
+
+/// This test binary's scratch folder under cargo's `target/tmp`, emptied once per run: the
+/// last run's files stay there to look at, and no run leaves one in the system temp dir.
+fn scratch_dir(name: &str) -> PathBuf {
+    static EMPTIED: std::sync::Once = std::sync::Once::new();
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    EMPTIED.call_once(|| {
+        let _ = std::fs::remove_dir_all(&d);
+    });
+    d
 }

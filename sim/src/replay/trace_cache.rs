@@ -435,11 +435,28 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn dir(name: &str) -> PathBuf {
+    /// A test's own directory under the system temp dir, emptied first and removed when
+    /// dropped (also when the test fails), so no run leaves one behind.
+    struct TmpDir(PathBuf);
+
+    impl std::ops::Deref for TmpDir {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TmpDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn dir(name: &str) -> TmpDir {
         let d =
             std::env::temp_dir().join(format!("moonagent-tcache-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
-        d
+        TmpDir(d)
     }
 
     fn og(recs: &[(u32, u64, u32)]) -> Vec<u8> {
@@ -468,12 +485,12 @@ mod tests {
         let (_, c) = sample();
         let keys: Vec<TraceKey> = (0..4u8).map(|i| key_of_bytes(&[i], b"x")).collect();
         let one = {
-            let probe = TraceCache::new(&d).with_max_bytes(u64::MAX);
+            let probe = TraceCache::new(&*d).with_max_bytes(u64::MAX);
             let p = probe.store(&keys[0], &c).unwrap();
             std::fs::metadata(p).unwrap().len()
         };
         // Room for three files.
-        let cache = TraceCache::new(&d).with_max_bytes(3 * one);
+        let cache = TraceCache::new(&*d).with_max_bytes(3 * one);
         let t0 = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
         let age = |k: &TraceKey, secs: u64| {
             let f = File::options().write(true).open(cache.path(k)).unwrap();
@@ -501,17 +518,17 @@ mod tests {
         assert!(exists(&keys[0]) && exists(&keys[2]) && exists(&keys[3]));
         assert!(!tmp.exists(), "an hour-old temporary file stays");
         // A limit below one file keeps the file just written.
-        let tiny = TraceCache::new(&d).with_max_bytes(1);
+        let tiny = TraceCache::new(&*d).with_max_bytes(1);
         let p = tiny.store(&keys[1], &c).unwrap();
         assert!(p.exists());
-        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
-        std::fs::remove_dir_all(&d).ok();
+        assert_eq!(std::fs::read_dir(&*d).unwrap().count(), 1);
     }
 
     #[test]
     fn a_stored_trace_maps_back_equal_without_a_copy() {
         let (b, c) = sample();
-        let cache = TraceCache::new(dir("roundtrip"));
+        let d = dir("roundtrip");
+        let cache = TraceCache::new(&*d);
         let key = key_of_bytes(&b, b"oracle-general");
         assert!(matches!(cache.load(&key), Err(Stale::Missing)));
         let path = cache.store(&key, &c).unwrap();
@@ -553,7 +570,8 @@ mod tests {
     /// Damage the stored file with `f`, then expect `load` to refuse it as `want` says.
     fn damaged(name: &str, f: impl FnOnce(&mut Vec<u8>), want: fn(&Stale) -> bool) {
         let (b, c) = sample();
-        let cache = TraceCache::new(dir(name));
+        let d = dir(name);
+        let cache = TraceCache::new(&*d);
         let key = key_of_bytes(&b, b"og");
         let path = cache.store(&key, &c).unwrap();
         let mut bytes = std::fs::read(&path).unwrap();
@@ -690,7 +708,8 @@ mod tests {
             (0u32..50, 0u64..20, 0u32..100), 0..80)) {
             let b = og(&recs);
             let c = Compiled::from_oracle_general_bytes(&b).unwrap();
-            let cache = TraceCache::new(dir("prop"));
+            let d = dir("prop");
+            let cache = TraceCache::new(&*d);
             let key = key_of_bytes(&b, b"");
             cache.store(&key, &c).unwrap();
             let m = cache.load(&key).unwrap();

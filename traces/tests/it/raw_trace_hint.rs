@@ -2,7 +2,7 @@
 //! reader of moonagent's schema fails with `TraceError::NotImported`, whose one line names
 //! the `moonagent trace import` command; that command's importer then reads the file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use moonagent_traces::import::{AttachImages, ImportKind, Imported};
 use moonagent_traces::stats::stats_of_file;
@@ -21,7 +21,7 @@ const AZURE_MM: &str = "TIMESTAMP,NumImages,ContextTokens,GeneratedTokens
 ";
 
 fn write(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("moonagent-raw-hint-{}", std::process::id()));
+    let dir = scratch_dir("raw-hint");
     std::fs::create_dir_all(&dir).expect("temp dir");
     let p = dir.join(name);
     std::fs::write(&p, text).expect("write sample");
@@ -88,4 +88,15 @@ fn other_bad_first_lines_keep_the_header_error() {
             Ok(_) => panic!("{name}: read"),
         }
     }
+}
+
+/// This test binary's scratch folder under cargo's `target/tmp`, emptied once per run: the
+/// last run's files stay there to look at, and no run leaves one in the system temp dir.
+fn scratch_dir(name: &str) -> PathBuf {
+    static EMPTIED: std::sync::Once = std::sync::Once::new();
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    EMPTIED.call_once(|| {
+        let _ = std::fs::remove_dir_all(&d);
+    });
+    d
 }
