@@ -61,6 +61,11 @@ struct ProfileArgs {
     /// one of them.
     #[arg(long, value_enum, default_value = "auto")]
     roofline: RooflineArg,
+    /// Refit the samples of an earlier profile (its output folder, or `validate all`'s
+    /// `profile/`) instead of measuring: its samples.jsonl and holdout.jsonl, and the host
+    /// facts of its profile.toml (shared_cores, core_weights).
+    #[arg(long, value_name = "DIR")]
+    from: Option<PathBuf>,
     #[command(flatten)]
     sched: HostSchedArgs,
     #[command(flatten)]
@@ -389,8 +394,30 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
         model: a.model.clone(),
         ..cpu_config(Mode::B0)
     };
-    let exec = executor(&cfg, a.seed, a.device)?;
     let spec = ModelSpec::resolve(&a.model).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
+    if let Some(from) = &a.from {
+        let same = match (from.canonicalize(), a.out.canonicalize()) {
+            (Ok(f), Ok(o)) => f == o,
+            _ => false,
+        };
+        if same {
+            bail!(
+                "--out {}: the folder whose samples are refitted; choose another --out",
+                a.out.display()
+            );
+        }
+        let (p, samples, holdout) = study::refit(from, &base, &spec, &a.roofline.forms())?;
+        let path = study::write_profile(&a.out, &p, &samples, &holdout)?;
+        println!("{}", study::profile_markdown(&p));
+        eprintln!(
+            "refitted {} samples from {}; wrote {}",
+            samples.len(),
+            from.display(),
+            path.display()
+        );
+        return Ok(());
+    }
+    let exec = executor(&cfg, a.seed, a.device)?;
     let grid = Grid::cpu_default();
     let hold = grid.holdout(a.seed ^ 0x5eed, 8);
     let n = (grid.encode.len()

@@ -346,6 +346,15 @@ fn write_lines<T: Serialize>(path: &Path, rows: &[T]) -> Result<(), MeasureError
 
 /// Read an input log written by [`write_run`].
 pub fn read_inputs(path: &Path) -> Result<Vec<(u64, Input)>, MeasureError> {
+    read_lines(path, "[t_ns, input]")
+}
+
+/// Read a JSON-lines file of `T` (blank lines skipped); an error names the file, the line
+/// and `expected`.
+pub fn read_lines<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    expected: &str,
+) -> Result<Vec<T>, MeasureError> {
     let text = std::fs::read_to_string(path).map_err(|e| MeasureError::File {
         path: path.display().to_string(),
         what: format!("reading: {e}"),
@@ -356,7 +365,7 @@ pub fn read_inputs(path: &Path) -> Result<Vec<(u64, Input)>, MeasureError> {
         .map(|(i, l)| {
             serde_json::from_str(l).map_err(|e| MeasureError::File {
                 path: format!("{}:{}", path.display(), i + 1),
-                what: format!("expected [t_ns, input]: {e}"),
+                what: format!("expected {expected}: {e}"),
             })
         })
         .collect()

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use moonagent_core::serve::Mode;
 use moonagent_core::store::{MemStoreConfig, Store, SEC};
+use moonagent_models::calibrate::Sample;
 use moonagent_models::{FormFit, Group, HardwareProfile, ModelSpec, Roofline};
 use moonagent_sim::des::{simulate, SimConfig};
 use moonagent_traces::gen::workloads::{WorkloadConfig, WorkloadGen};
@@ -20,7 +21,7 @@ use serde::Serialize;
 use crate::backend::{Executor, RunOptions};
 use crate::compare::{compare, repeat_difference, sim_vs_sim, Comparison};
 use crate::cores::HostSched;
-use crate::measure::{mem_store, run_trace, write_run, MeasureError, RunSummary};
+use crate::measure::{mem_store, read_lines, run_trace, write_run, MeasureError, RunSummary};
 use crate::profile::{self, ContentionPlan, Grid, Profile};
 
 /// The cluster the CPU backend runs: one encoder, one prefill and one decode worker (B0:
@@ -456,6 +457,39 @@ pub fn write_profile(
         std::fs::write(&path, text).map_err(|e| file(&path, &e))?;
     }
     Ok(toml_path)
+}
+
+/// Refit the samples a previous profile wrote into `dir` ([`write_profile`]:
+/// `samples.jsonl`, `holdout.jsonl`, `profile.toml`) without measuring: `base` fitted on
+/// them in the `forms` offered. The host facts the old profile recorded (`shared_cores`,
+/// and `core_weights` when its contention run adopted them) carry over; the contention
+/// run itself is not in the files, so the new profile's report has none. Returns the
+/// profile and the two sample sets.
+pub fn refit(
+    dir: &Path,
+    base: &HardwareProfile,
+    spec: &ModelSpec,
+    forms: &[Roofline],
+) -> Result<(Profile, Vec<Sample>, Vec<Sample>), MeasureError> {
+    let what = "a calibration sample such as {\"kind\":\"decode\",\"batch\":1,\"context_tokens\":128,\"measured_ns\":4228251}";
+    let samples: Vec<Sample> = read_lines(&dir.join("samples.jsonl"), what)?;
+    let holdout: Vec<Sample> = read_lines(&dir.join("holdout.jsonl"), what)?;
+    let old_path = dir.join("profile.toml");
+    let old = HardwareProfile::from_path(&old_path).map_err(|e| MeasureError::File {
+        path: old_path.display().to_string(),
+        what: format!("expected the profile written beside the samples: {e}"),
+    })?;
+    let mut p = profile::fit(
+        base,
+        spec,
+        &samples,
+        &holdout,
+        old.shared_cores,
+        None,
+        forms,
+    )?;
+    p.hardware.core_weights = old.core_weights.filter(|_| old.shared_cores.is_some());
+    Ok((p, samples, holdout))
 }
 
 /// The per-operator error table of a profile, as Markdown.
