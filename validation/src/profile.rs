@@ -71,7 +71,11 @@ impl Grid {
             ],
             prefill,
             decode,
-            transfer: vec![64 << 10, 512 << 10, 4 << 20, 16 << 20],
+            // The sizes the scaled model moves: encoder outputs (512 B a visual token, up
+            // to 256 KiB), prefix-KV blocks (96 KiB) and prefill-to-decode handoffs (1,536
+            // B a token, up to ~2 MiB). Loopback TCP is not linear far past them: 4 MiB
+            // moved at 2.1 GB/s where 512 KiB moved at 9 GB/s (2026-12-03).
+            transfer: vec![16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20],
             fingerprint: vec![256 << 10, 4 << 20, 16 << 20],
             repeats: 3,
         }
@@ -120,11 +124,28 @@ impl Grid {
             decode: (0..n)
                 .map(|_| (span(&mut r, blo, bhi) as u32, span(&mut r, xlo, xhi) as u32))
                 .collect(),
-            transfer: (0..n).map(|_| span(&mut r, tlo, thi)).collect(),
-            fingerprint: (0..n).map(|_| span(&mut r, flo, fhi)).collect(),
+            transfer: (0..n).map(|_| log_span(&mut r, tlo, thi)).collect(),
+            fingerprint: (0..n).map(|_| log_span(&mut r, flo, fhi)).collect(),
             repeats: self.repeats,
         }
     }
+}
+
+/// A size in `[lo, hi]` spread evenly over octaves rather than bytes (sizes that span
+/// decades would otherwise all land near `hi`): an octave `[lo 2^k, lo 2^(k+1))` picked
+/// uniformly, then a size uniformly inside it. Integer arithmetic only.
+fn log_span(r: &mut Rng, lo: u64, hi: u64) -> u64 {
+    let lo = lo.max(1);
+    if hi <= lo {
+        return lo;
+    }
+    let o = (hi / lo).ilog2();
+    // Octaves that start at or below `hi`, less a last one that would hold `hi` alone.
+    let octaves = u64::from(o) + u64::from(lo << o != hi);
+    let k = r.below(octaves) as u32;
+    let a = lo << k;
+    let b = (a.saturating_mul(2) - 1).min(hi);
+    a + r.below(b - a + 1)
 }
 
 fn bounds(v: impl Iterator<Item = u64>) -> (u64, u64) {
@@ -693,4 +714,37 @@ pub fn contention(
         equal_holdout_err_pct,
         adopted: weighted_holdout_err_pct < equal_holdout_err_pct,
     })
+}
+
+#[cfg(test)]
+mod log_span_tests {
+    use super::log_span;
+    use moonagent_core::rng::Rng as Stream;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn a_log_span_stays_in_its_bounds(lo in 0u64..1 << 40, wide in 0u64..1 << 40, seed: u64) {
+            let hi = lo + wide;
+            let mut r = Stream::stream(seed, "t");
+            for _ in 0..32 {
+                let x = log_span(&mut r, lo, hi);
+                prop_assert!(x >= lo.max(1).min(hi.max(1)) && x <= hi.max(1), "{x} outside [{lo}, {hi}]");
+            }
+        }
+    }
+
+    #[test]
+    fn a_log_span_fills_every_octave_about_equally() {
+        let (lo, hi) = (16u64 << 10, 2 << 20);
+        let mut r = Stream::stream(7, "t");
+        let mut per = [0u32; 7];
+        for _ in 0..7000 {
+            let x = log_span(&mut r, lo, hi);
+            per[(x / lo).ilog2() as usize] += 1;
+        }
+        for (k, n) in per.iter().enumerate() {
+            assert!((800..1200).contains(n), "octave {k}: {n} of 7000 ({per:?})");
+        }
+    }
 }
