@@ -914,11 +914,7 @@ fn fit_roofline(
     free_v: bool,
 ) -> Result<Roof, CalibrationError> {
     let n = t.len();
-    let (u_name, v_name, b_name) = if free_v {
-        (names[0], names[1], names[2])
-    } else {
-        (names[0], Param::HbmEfficiency, names[1])
-    };
+    let (u_name, v_name, b_name) = roof_names(names, free_v);
     let mut cur = prior;
     let mut best: Option<(f64, Roof)> = None;
     let mut prev: Vec<bool> = Vec::new();
@@ -953,27 +949,14 @@ fn fit_roofline(
             })
             .collect();
         let (slopes, b) = solve_with_intercept(group, &cols, &col_names, &rhs, t)?;
-        let mut k = 0;
-        if use_u {
-            cur.u = slopes.get(k).copied().unwrap_or(cur.u);
-            k += 1;
-        }
-        if use_v {
-            cur.v = slopes.get(k).copied().unwrap_or(cur.v);
-        }
-        cur.b = b;
-        cur.fitted_u = use_u;
-        cur.fitted_v = use_v;
-        for (param, value) in [(u_name, cur.u), (v_name, cur.v)] {
-            if !(value > 0.0 && value.is_finite()) {
-                return Err(CalibrationError::NonPhysical {
-                    group,
-                    param,
-                    value: 1.0 / value,
-                    why: "measured time does not grow with the work; check the samples",
-                });
-            }
-        }
+        take_solution(
+            group,
+            &mut cur,
+            &slopes,
+            b,
+            [use_u, use_v],
+            [u_name, v_name],
+        )?;
         let sse: f64 = (0..n)
             .map(|i| {
                 let roof = (x[i] * cur.u).max(y[i] * cur.v);
@@ -1004,11 +987,7 @@ fn fit_sum(
     free_v: bool,
 ) -> Result<Roof, CalibrationError> {
     let n = t.len();
-    let (u_name, v_name, b_name) = if free_v {
-        (names[0], names[1], names[2])
-    } else {
-        (names[0], Param::HbmEfficiency, names[1])
-    };
+    let (u_name, v_name, b_name) = roof_names(names, free_v);
     let use_u = x.iter().any(|&v| v > 0.0);
     let use_v = free_v && y.iter().any(|&v| v > 0.0);
     let mut cols: Vec<Vec<f64>> = Vec::with_capacity(3);
@@ -1032,18 +1011,50 @@ fn fit_sum(
         .collect();
     let (slopes, b) = solve_with_intercept(group, &cols, &col_names, &rhs, t)?;
     let mut cur = prior;
+    take_solution(
+        group,
+        &mut cur,
+        &slopes,
+        b,
+        [use_u, use_v],
+        [u_name, v_name],
+    )?;
+    Ok(cur)
+}
+
+/// The names of a group's `(u, v, b)`: `names` lists the fitted ones, `v` (the bandwidth
+/// factor) among them only for decode (`free_v`).
+fn roof_names(names: &[Param], free_v: bool) -> (Param, Param, Param) {
+    if free_v {
+        (names[0], names[1], names[2])
+    } else {
+        (names[0], Param::HbmEfficiency, names[1])
+    }
+}
+
+/// Take a solve's slopes (`u` first when `used[0]`, then `v` when `used[1]`) and its
+/// intercept into `cur`; a slope that is not positive and finite is an error naming its
+/// parameter.
+fn take_solution(
+    group: Group,
+    cur: &mut Roof,
+    slopes: &[f64],
+    b: f64,
+    used: [bool; 2],
+    names: [Param; 2],
+) -> Result<(), CalibrationError> {
     let mut k = 0;
-    if use_u {
+    if used[0] {
         cur.u = slopes.get(k).copied().unwrap_or(cur.u);
         k += 1;
     }
-    if use_v {
+    if used[1] {
         cur.v = slopes.get(k).copied().unwrap_or(cur.v);
     }
     cur.b = b;
-    cur.fitted_u = use_u;
-    cur.fitted_v = use_v;
-    for (param, value) in [(u_name, cur.u), (v_name, cur.v)] {
+    cur.fitted_u = used[0];
+    cur.fitted_v = used[1];
+    for (param, value) in [(names[0], cur.u), (names[1], cur.v)] {
         if !(value > 0.0 && value.is_finite()) {
             return Err(CalibrationError::NonPhysical {
                 group,
@@ -1053,7 +1064,7 @@ fn fit_sum(
             });
         }
     }
-    Ok(cur)
+    Ok(())
 }
 
 fn check_fraction(group: Group, param: Param, value: f64) -> Result<(), CalibrationError> {
