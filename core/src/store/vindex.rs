@@ -47,6 +47,8 @@ const NOT_INDEXED: u8 = u8::MAX;
 const NIL: u32 = u32::MAX;
 /// Sorted runs per class.
 const RUNS: usize = 3;
+/// How far ahead of a run's head the candidate walk prefetches.
+const WALK_AHEAD: usize = 8;
 /// `Entry::place` of an entry in the class's ordered set (not in a run).
 const IN_SET: u8 = RUNS as u8;
 
@@ -313,6 +315,24 @@ impl VictimIndex {
         self.links[id.index()] = UNLINKED;
     }
 
+    /// Hint the CPU to fetch `id`'s entry and run links (no effect on results).
+    #[inline]
+    pub fn prefetch(&self, id: ObjId) {
+        if let (Some(e), Some(l)) = (self.slots.get(id.index()), self.links.get(id.index())) {
+            crate::hint::prefetch(e);
+            crate::hint::prefetch(l);
+        }
+    }
+
+    /// Hint the CPU to fetch what the candidate walk reads of `id`: its entry and meta.
+    #[inline]
+    fn prefetch_walk(&self, id: u32, objects: &[ObjectMeta]) {
+        if let (Some(e), Some(m)) = (self.slots.get(id as usize), objects.get(id as usize)) {
+            crate::hint::prefetch(e);
+            crate::hint::prefetch(m);
+        }
+    }
+
     /// The slot is about to be freed (`m` is its meta before the free).
     pub fn on_free(&mut self, id: ObjId, m: &ObjectMeta) {
         self.resident_bytes[m.data_type.index()] -= m.size;
@@ -365,9 +385,23 @@ impl VictimIndex {
         let c = &self.classes[ty * 2 + usize::from(soft)];
         let mut set = c.set.iter();
         let set_head = set.next().copied();
+        let runs = c.runs.map(|r| r.map_or(NIL, |r| r.head));
+        // Start each run's lookahead `WALK_AHEAD` entries past its head, fetching the
+        // entries and metadata on the way.
+        let ahead = runs.map(|mut id| {
+            for _ in 0..WALK_AHEAD {
+                if id == NIL {
+                    break;
+                }
+                self.prefetch_walk(id, objects);
+                id = self.links[id as usize].next;
+            }
+            id
+        });
         Candidates {
             index: self,
-            runs: c.runs.map(|r| r.map_or(NIL, |r| r.head)),
+            runs,
+            ahead,
             set,
             set_head,
             now,
@@ -494,6 +528,8 @@ impl VictimIndex {
 pub struct Candidates<'a> {
     index: &'a VictimIndex,
     runs: [u32; RUNS],
+    /// Per run, the entry `WALK_AHEAD` places past its head (`NIL` past the tail).
+    ahead: [u32; RUNS],
     set: btree_set::Iter<'a, (Nanos, u64, u32)>,
     set_head: Option<(Nanos, u64, u32)>,
     now: Nanos,
@@ -528,17 +564,17 @@ impl Iterator for Candidates<'_> {
             if from == RUNS {
                 self.set_head = self.set.next().copied();
             } else {
-                let next = self.index.links[id as usize].next;
-                // The walk is over the oldest (coldest) entries: fetch the next one's
-                // entry and metadata while this one is handled (hints only).
-                if let (Some(e), Some(m)) = (
-                    self.index.slots.get(next as usize),
-                    self.objects.get(next as usize),
-                ) {
-                    crate::hint::prefetch(e);
-                    crate::hint::prefetch(m);
+                self.runs[from] = self.index.links[id as usize].next;
+                // The walk is over the oldest (coldest) entries: fetch the entry and
+                // metadata `WALK_AHEAD` places on while this one is handled (hints only).
+                let a = self.ahead[from];
+                if a != NIL {
+                    let a = self.index.links[a as usize].next;
+                    self.ahead[from] = a;
+                    if a != NIL {
+                        self.index.prefetch_walk(a, self.objects);
+                    }
                 }
-                self.runs[from] = next;
             }
             let m = &self.objects[id as usize];
             if m.readers > 0 {
