@@ -51,6 +51,8 @@ const RUNS: usize = 3;
 const WALK_AHEAD: usize = 8;
 /// `Entry::place` of an entry in the class's ordered set (not in a run).
 const IN_SET: u8 = RUNS as u8;
+/// A walk's head past a run's tail (see `VictimIndex::head`).
+const PAST_TAIL: (Nanos, u64, u32) = (Nanos::MAX, u64::MAX, NIL);
 
 /// Where one slot is indexed and under which key (24 bytes). Its run links and its pin
 /// live in arrays of their own: a re-file rewrites the links of the slot's two run
@@ -173,6 +175,18 @@ impl VictimIndex {
     fn key(&self, id: u32) -> (Nanos, u64) {
         let e = &self.slots[id as usize];
         (e.lease, e.seq)
+    }
+
+    /// A run's head `id` with its key; past the run's tail (`NIL`) `PAST_TAIL`, which
+    /// orders after every entry (its id, `NIL`, after every slot's on equal keys).
+    #[inline]
+    fn head(&self, id: u32) -> (Nanos, u64, u32) {
+        if id == NIL {
+            PAST_TAIL
+        } else {
+            let (lease, seq) = self.key(id);
+            (lease, seq, id)
+        }
     }
 
     /// A slot became live (put start).
@@ -400,7 +414,7 @@ impl VictimIndex {
         });
         Candidates {
             index: self,
-            runs,
+            heads: runs.map(|id| self.head(id)),
             ahead,
             set,
             set_head,
@@ -527,7 +541,9 @@ impl VictimIndex {
 #[derive(Debug, Clone)]
 pub struct Candidates<'a> {
     index: &'a VictimIndex,
-    runs: [u32; RUNS],
+    /// Per run, its head and the head's key (`VictimIndex::head`), kept so that picking
+    /// the smallest head reads no entry.
+    heads: [(Nanos, u64, u32); RUNS],
     /// Per run, the entry `WALK_AHEAD` places past its head (`NIL` past the tail).
     ahead: [u32; RUNS],
     set: btree_set::Iter<'a, (Nanos, u64, u32)>,
@@ -542,29 +558,34 @@ impl Iterator for Candidates<'_> {
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            // The smallest of the heads (the runs' and the set's).
-            let mut best = self.set_head;
-            let mut from = RUNS;
-            for (r, &id) in self.runs.iter().enumerate() {
-                if id != NIL {
-                    let (lease, seq) = self.index.key(id);
-                    if best.is_none_or(|b| (lease, seq) < (b.0, b.1)) {
-                        best = Some((lease, seq, id));
-                        from = r;
-                    }
+            // The smallest of the heads (the runs' and the set's); a run past its tail is
+            // picked only when every source is.
+            let mut from = 0;
+            for r in 1..RUNS {
+                if self.heads[r] < self.heads[from] {
+                    from = r;
                 }
             }
-            let (lease, seq, id) = best?;
+            let mut best = self.heads[from];
+            if let Some(h) = self.set_head {
+                if h < best {
+                    (best, from) = (h, RUNS);
+                }
+            }
+            let (lease, seq, id) = best;
+            if id == NIL {
+                return None;
+            }
             if lease > self.now {
                 // Every later entry's lease is later still.
-                self.runs = [NIL; RUNS];
+                self.heads = [PAST_TAIL; RUNS];
                 self.set_head = None;
                 return None;
             }
             if from == RUNS {
                 self.set_head = self.set.next().copied();
             } else {
-                self.runs[from] = self.index.links[id as usize].next;
+                self.heads[from] = self.index.head(self.index.links[id as usize].next);
                 // The walk is over the oldest (coldest) entries: fetch the entry and
                 // metadata `WALK_AHEAD` places on while this one is handled (hints only).
                 let a = self.ahead[from];
