@@ -1126,7 +1126,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             };
             let ctx = u64::from(self.jobs[job as usize].prompt) + 1;
             let wk = &mut self.workers[w as usize];
-            let pool = wk.pool.as_mut().ok_or(ServeError::Config {
+            let pool = wk.pool.as_mut().ok_or_else(|| ServeError::Config {
                 field: "decode worker",
                 what: "has no KV pool".into(),
             })?;
@@ -1186,7 +1186,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
 
     /// The batch's sequences with their pages, for the next iteration (`kv_tables`).
     fn seq_refs(wk: &mut Worker) -> Result<Vec<DecodeSeqRef>, ServeError> {
-        let pool = wk.pool.as_ref().ok_or(ServeError::Config {
+        let pool = wk.pool.as_ref().ok_or_else(|| ServeError::Config {
             field: "decode worker",
             what: "has no KV pool".into(),
         })?;
