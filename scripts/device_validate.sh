@@ -7,18 +7,19 @@
 #   mkdir -p .device-bin && cp target/release/moonagent .device-bin/   # .device-bin is ignored
 # There (the session's `device` tool; the binary travels as a carried path):
 #   run(command="bash scripts/device_validate.sh .device-bin/moonagent", carry=[".device-bin"],
-#       timeout_s=540)
+#       timeout_s=580)
 # Anywhere with a GPU: bash scripts/device_validate.sh [BIN] [OUTDIR]
 #
 # What it runs, each step under its own time limit so that one slow step cannot take the
-# others' time (the whole script ends within ~8 minutes):
+# others' time (the steps end within BUDGET_S, default 520 s):
 #   1. nvidia-smi: the device as the driver reports it
 #   2. validate profile --compute cuda --base h200 on the scaled model (qwen2.5-vl-tiny)
 #   3. validate all --compute cuda --base h200 --quick: profile -> runs -> compare, B0 and B3
-#   4. validate all --compute cuda --base h200 (the full study: 200 requests per run, 2 loads,
-#      3 repeats), if time is left
-#   5. validate profile --compute cuda --base h200 --model qwen2.5-vl-7b: the fit on the real
+#   4. validate profile --compute cuda --base h200 --model qwen2.5-vl-7b: the fit on the real
 #      model's shapes (random weights: 7B f32 parameters, ~31 GB of host memory)
+#   5. validate all --compute cuda --base h200 --requests 120 --repeats 1 (the study at two
+#      loads, one repeat), if time is left
+# If step 2 fails, libs.log records where the CUDA libraries are, for a rerun.
 # Results: OUTDIR (default $OUT, else ./device-validate) gets summary.md (every step's exit
 # status, time and last lines), the reports (report-*.md) and results.tgz (every output
 # folder), which is what `device` brings back (at most 8 files, 2 folders deep).
@@ -33,6 +34,8 @@ mkdir -p "$OUTDIR"
 WORK=$(mktemp -d)
 SUMMARY=$OUTDIR/summary.md
 t0=$(date +%s)
+# Seconds the steps may take in all (the device call should allow ~40 more).
+BUDGET_S=${BUDGET_S:-520}
 
 if [[ ! -x $BIN ]]; then
   echo "error: $BIN is not an executable moonagent (build it with --features cuda)" | tee "$SUMMARY"
@@ -57,6 +60,22 @@ done
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [[ -d $d ]] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
 done
+# cudarc (built for CUDA 12 names) asks for libcublas.so, .so.12, .so.11 ...; a CUDA 13
+# install ships only libcublas.so.13. The calls the backend makes (cublasCreate_v2,
+# cublasSetStream_v2, cublasSgemm_v2) are in both, so link the unversioned name to it.
+IFS=: read -ra LD_DIRS <<< "${LD_LIBRARY_PATH:-}"
+have_name() { local d; for d in "${LD_DIRS[@]}"; do [[ -e $d/$1 ]] && return 0; done; return 1; }
+if ! have_name libcublas.so && ! have_name libcublas.so.12; then
+  for d in "${LD_DIRS[@]}"; do
+    f=$(ls "$d"/libcublas.so.* 2>/dev/null | head -1)
+    if [[ -n $f ]]; then
+      mkdir -p "$WORK/lib" && ln -sf "$f" "$WORK/lib/libcublas.so"
+      export LD_LIBRARY_PATH="$WORK/lib:${LD_LIBRARY_PATH:-}"
+      CUBLAS_LINK="$WORK/lib/libcublas.so -> $f"
+      break
+    fi
+  done
+fi
 
 {
   echo "# moonagent: the GPU validation run"
@@ -66,7 +85,8 @@ done
   echo "- host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
   echo "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
   echo "- LD_LIBRARY_PATH: ${LD_LIBRARY_PATH:-}"
-  echo "- libcublas found: $(ls ${LD_LIBRARY_PATH//:/ } 2>/dev/null | grep -m1 '^libcublas\.so' || echo none)"
+  echo "- libcublas found: $(ls "${LD_DIRS[@]}" 2>/dev/null | grep -m1 '^libcublas\.so' || echo none)"
+  echo "- libcublas linked: ${CUBLAS_LINK:-no}"
   echo
   echo "| step | exit | seconds | what |"
   echo "|---|---|---|---|"
@@ -82,18 +102,25 @@ step() {
   echo "| $name | $rc | $(( $(date +%s) - s )) | \`${*#"$BIN "}\` |" >> "$SUMMARY"
   return $rc
 }
-left() { echo $(( 480 - ($(date +%s) - t0) )); }
+left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
 
 nvidia-smi > "$WORK/nvidia-smi.log" 2>&1
 step profile-tiny 90 "$BIN" validate profile --compute cuda --base h200 \
   --model qwen2.5-vl-tiny --out "$WORK/profile-tiny"
 ok_tiny=$?
+if [[ $ok_tiny != 0 ]]; then
+  # What a rerun needs to know: where the libraries are and what the driver says.
+  { ldconfig -p | grep -i -E 'cublas|libcuda'; find / -xdev -name 'libcublas*.so*' 2>/dev/null | head -20
+    ls -la /usr/local/cuda* 2>&1 | head -20; } > "$WORK/libs.log" 2>&1
+fi
 if [[ $ok_tiny == 0 ]]; then
   step all-quick 150 "$BIN" validate all --compute cuda --base h200 --quick --out "$WORK/all-quick"
-  [[ $(left) -gt 240 ]] && step all-full $(( $(left) - 150 )) "$BIN" validate all --compute cuda \
-    --base h200 --out "$WORK/all-full"
-  [[ $(left) -gt 60 ]] && step profile-7b $(( $(left) - 20 )) "$BIN" validate profile \
-    --compute cuda --base h200 --model qwen2.5-vl-7b --out "$WORK/profile-7b"
+  # The real model's shapes next (random weights: 7B f32 parameters, ~31 GB of host and
+  # device memory), then as much of the study as the time left allows.
+  [[ $(left) -gt 60 ]] && step profile-7b $(( $(left) > 200 ? 180 : $(left) - 20 )) "$BIN" \
+    validate profile --compute cuda --base h200 --model qwen2.5-vl-7b --out "$WORK/profile-7b"
+  [[ $(left) -gt 150 ]] && step all-r1 $(( $(left) - 10 )) "$BIN" validate all --compute cuda \
+    --base h200 --requests 120 --repeats 1 --out "$WORK/all-r1"
 fi
 
 {
@@ -107,8 +134,11 @@ fi
     echo
   done
 } >> "$SUMMARY"
-for r in all-quick all-full; do
+for r in all-quick all-r1; do
   [[ -f $WORK/$r/report.md ]] && cp "$WORK/$r/report.md" "$OUTDIR/report-$r.md"
+done
+for r in profile-tiny profile-7b; do
+  [[ -f $WORK/$r.log ]] && cp "$WORK/$r.log" "$OUTDIR/$r.log"
 done
 tar czf "$OUTDIR/results.tgz" -C "$WORK" . 2>/dev/null
 rm -rf "$WORK"
