@@ -15,7 +15,41 @@ use super::{
 
 /// Largest model (LLM + ViT parameters) the CPU backend builds: 2^28 parameters, 1 GiB of
 /// f32 weights. The real checkpoints' specs are refused instead of exhausting memory.
-const MAX_PARAMS: u64 = 1 << 28;
+pub const MAX_PARAMS: u64 = 1 << 28;
+
+/// `f(0), f(1), ..., f(n - 1)` computed on the host's cores (up to one thread each), in
+/// index order. A panic in `f` is raised again here.
+fn par_map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |c| c.get())
+        .min(n);
+    if threads <= 1 {
+        return (0..n).map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, T)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= n {
+                            return mine;
+                        }
+                        mine.push((i, f(i)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    done.sort_unstable_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, t)| t).collect()
+}
 
 /// RoPE base of Qwen2.5 (`rope_theta`).
 const ROPE_THETA: f64 = 1_000_000.0;
@@ -92,8 +126,18 @@ struct SeqRows<'a> {
 impl CpuCompute {
     /// Build `spec` with weights drawn under `seed` (streams named
     /// `<spec name>/<tensor>`). Fails on an invalid spec, a dtype other than 2 bytes, an
-    /// odd head dimension (RoPE), or a model above 2^28 parameters.
+    /// odd head dimension (RoPE), or a model above [`MAX_PARAMS`] parameters.
     pub fn new(spec: &ModelSpec, seed: u64) -> Result<Self, ComputeError> {
+        Self::with_max_params(spec, seed, MAX_PARAMS)
+    }
+
+    /// [`CpuCompute::new`] with another ceiling on the parameter count (a GPU backend
+    /// whose host has the memory for a real checkpoint's shapes: 4 bytes a parameter).
+    pub fn with_max_params(
+        spec: &ModelSpec,
+        seed: u64,
+        max_params: u64,
+    ) -> Result<Self, ComputeError> {
         spec.validate()?;
         let unsupported = |reason: String| ComputeError::Unsupported {
             model: spec.name.clone(),
@@ -112,9 +156,9 @@ impl CpuCompute {
             )));
         }
         let params = spec.llm_params().saturating_add(spec.vision_params());
-        if params > MAX_PARAMS {
+        if params > max_params {
             return Err(unsupported(format!(
-                "{params} parameters; the CPU backend builds at most {MAX_PARAMS} \
+                "{params} parameters; this backend builds at most {max_params} \
                  (use a scaled spec such as qwen2.5-vl-tiny)"
             )));
         }
@@ -131,12 +175,17 @@ impl CpuCompute {
         let q_dim = heads * head_dim;
         let kv_dim = kv_heads * head_dim;
 
-        let embed = normal(
-            &mut Rng::stream(seed, &name("llm.embed_tokens")),
-            vocab * hidden,
-        );
-        let layers = (0..l.num_hidden_layers as usize)
-            .map(|i| {
+        // Every tensor draws from a stream of its own name, so building them on all cores
+        // at once gives the same weights as one by one (a real checkpoint's shapes take
+        // minutes on one core).
+        let (embed, layers) = std::thread::scope(|s| {
+            let embed = s.spawn(|| {
+                normal(
+                    &mut Rng::stream(seed, &name("llm.embed_tokens")),
+                    vocab * hidden,
+                )
+            });
+            let layers = par_map(l.num_hidden_layers as usize, |i| {
                 let t = |s: &str| name(&format!("llm.layers.{i}.{s}"));
                 LlmLayer {
                     ln1: ones(hidden),
@@ -146,8 +195,12 @@ impl CpuCompute {
                     gate_up: Linear::random(seed, &t("gate_up"), hidden, 2 * inter, false),
                     down: Linear::random(seed, &t("down_proj"), inter, hidden, false),
                 }
-            })
-            .collect();
+            });
+            let embed = embed
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (embed, layers)
+        });
         let lm_head = if l.tie_word_embeddings {
             // The head is the embedding table, transposed to hidden x vocab.
             let mut w = vec![0.0; hidden * vocab];
@@ -170,20 +223,18 @@ impl CpuCompute {
         let p = v.patch_size as usize;
         let patch_len = v.in_channels as usize * v.temporal_patch_size as usize * p * p;
         let merge = spec.patches_per_visual_token() as usize;
-        let blocks = (0..v.depth as usize)
-            .map(|i| {
-                let t = |s: &str| name(&format!("visual.blocks.{i}.{s}"));
-                VitBlock {
-                    ln1: ones(v_hidden),
-                    qkv: Linear::random(seed, &t("qkv"), v_hidden, 3 * v_hidden, true),
-                    proj: Linear::random(seed, &t("proj"), v_hidden, v_hidden, true),
-                    ln2: ones(v_hidden),
-                    gate_up: Linear::random(seed, &t("gate_up"), v_hidden, 2 * v_inter, true),
-                    down: Linear::random(seed, &t("down_proj"), v_inter, v_hidden, true),
-                    full: v.fullatt_block_indexes.contains(&(i as u32)),
-                }
-            })
-            .collect();
+        let blocks = par_map(v.depth as usize, |i| {
+            let t = |s: &str| name(&format!("visual.blocks.{i}.{s}"));
+            VitBlock {
+                ln1: ones(v_hidden),
+                qkv: Linear::random(seed, &t("qkv"), v_hidden, 3 * v_hidden, true),
+                proj: Linear::random(seed, &t("proj"), v_hidden, v_hidden, true),
+                ln2: ones(v_hidden),
+                gate_up: Linear::random(seed, &t("gate_up"), v_hidden, 2 * v_inter, true),
+                down: Linear::random(seed, &t("down_proj"), v_inter, v_hidden, true),
+                full: v.fullatt_block_indexes.contains(&(i as u32)),
+            }
+        });
         let m = merge * v_hidden;
         Ok(Self {
             spec: spec.clone(),
