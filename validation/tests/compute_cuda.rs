@@ -1,6 +1,6 @@
 //! The `cuda` feature's `CudaCompute`: on a machine without an NVIDIA driver (or GPU),
 //! construction is a `NoDevice` error, not a panic; with one, it computes what the CPU
-//! backend computes, up to GEMM rounding.
+//! backend computes, up to GEMM rounding, also from several threads at once.
 #![cfg(feature = "cuda")]
 
 use moonagent_models::ModelSpec;
@@ -35,11 +35,21 @@ fn cuda_compute_is_a_clear_error_without_a_gpu_or_matches_the_cpu() {
         visual_tokens: 16,
         seed: 3,
     }];
-    let (g, c) = (gpu.encode(&img).unwrap(), cpu.encode(&img).unwrap());
-    assert_eq!(g[0].len(), c[0].len());
-    for (a, b) in bf16s(&g[0]).iter().zip(bf16s(&c[0])) {
-        assert!((a - b).abs() <= 0.05 * b.abs().max(0.1), "{a} vs {b}");
-    }
+    let c = cpu.encode(&img).unwrap();
+    let close = |g: &[Vec<u8>]| {
+        assert_eq!(g[0].len(), c[0].len());
+        for (a, b) in bf16s(&g[0]).iter().zip(bf16s(&c[0])) {
+            assert!((a - b).abs() <= 0.05 * b.abs().max(0.1), "{a} vs {b}");
+        }
+    };
+    close(&gpu.encode(&img).unwrap());
+    // Callers at once each take a stream and cuBLAS handle of their own: the same results.
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..4).map(|_| s.spawn(|| gpu.encode(&img))).collect();
+        for r in runs {
+            close(&r.join().unwrap().unwrap());
+        }
+    });
     let pages = [0u32, 1];
     let inputs = [Rows::Text { seed: 1, count: 20 }];
     let chunk = [PrefillChunk {

@@ -2,13 +2,16 @@
 //! layer's GEMM run by cuBLAS (sgemm) on an NVIDIA GPU.
 //!
 //! The weights of every dense layer are uploaded once and stay in device memory; each GEMM
-//! uploads its activations, runs `cublasSgemm` and reads the result back. Norms,
+//! uploads its activations, runs `cublasSgemm` and reads the result back, on a stream and
+//! cuBLAS handle of the calling worker's own (so encoder, prefill and decode workers run
+//! their GEMMs concurrently, as a server's streams do, not one at a time). Norms,
 //! activations, RoPE and attention run on the host with the CPU backend's code, and KV
 //! pages stay in a host [`KvArena`] (device-resident KV and attention kernels are not
 //! built yet). cudarc loads the driver and cuBLAS at run time (`dynamic-loading`), so the
 //! feature builds on a machine without CUDA; [`CudaCompute::new`] then fails with
-//! [`ComputeError::NoDevice`]. Only that error path has been exercised so far (the machine
-//! this was written on has no GPU); the device path is the test's other branch.
+//! [`ComputeError::NoDevice`]. `tests/compute_cuda.rs` checks that error path here and,
+//! on a GPU, the results against the CPU backend's (an H200 ran `validate` through this
+//! on 2026-12-04: `validation/reports/`).
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -23,18 +26,29 @@ use super::kv::KvArena;
 use super::ops::{Linear, LinearExec};
 use super::{Compute, ComputeError, DecodeSeq, ImageInput, PrefillChunk};
 
-/// The device half of [`CudaCompute`]: a stream, a cuBLAS handle and the weights.
-struct Device {
+/// Largest model the CUDA backend builds: 2^34 parameters (64 GiB of f32 weights on the
+/// host and again on the device), room for Qwen2.5-VL-7B's 8.3 G.
+const MAX_PARAMS: u64 = 1 << 34;
+
+/// One caller's stream and cuBLAS handle: GEMMs issued through a lane run in the order
+/// issued, lanes run concurrently on the device.
+struct Lane {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
-    /// Device copy of each dense layer's weights, keyed by the host weights' address
-    /// (the model is immutable once built, so the address identifies the layer).
-    weights: HashMap<usize, CudaSlice<f32>>,
 }
 
-/// cuBLAS GEMMs, one call at a time (worker threads share one handle and stream).
+/// cuBLAS GEMMs. Each concurrent caller (the backend's encoder, prefill and decode worker
+/// threads) takes a lane of its own from the pool, so their GEMMs are not serialized in
+/// this process: the GPU arbitrates between them as it does between a real server's
+/// streams. Weights live once in device memory, read by every lane.
 struct CudaExec {
-    device: Mutex<Device>,
+    ctx: Arc<CudaContext>,
+    /// Device copy of each dense layer's weights, keyed by the host weights' address
+    /// (the model is immutable once built, so the address identifies the layer); uploaded
+    /// and synchronized before any lane reads them.
+    weights: HashMap<usize, CudaSlice<f32>>,
+    /// Idle lanes; a caller that finds none makes one.
+    lanes: Mutex<Vec<Lane>>,
 }
 
 fn device_err(e: impl std::fmt::Display) -> ComputeError {
@@ -47,24 +61,42 @@ fn to_int(v: usize) -> Result<i32, ComputeError> {
     })
 }
 
-impl LinearExec for CudaExec {
-    fn linear(&self, layer: &Linear, x: &[f32], rows: usize) -> Result<Vec<f32>, ComputeError> {
-        let (din, dout) = (layer.din, layer.dout);
-        if rows == 0 {
-            return Ok(Vec::new());
-        }
-        let n_in = rows.checked_mul(din).filter(|n| *n <= x.len());
-        let n_in = n_in.ok_or(ComputeError::TooLarge { what: "GEMM input" })?;
-        let dev = self
-            .device
+impl CudaExec {
+    fn new_lane(ctx: &Arc<CudaContext>) -> Result<Lane, ComputeError> {
+        let stream = ctx.new_stream().map_err(device_err)?;
+        let blas = CudaBlas::new(stream.clone()).map_err(device_err)?;
+        Ok(Lane { stream, blas })
+    }
+
+    fn take_lane(&self) -> Result<Lane, ComputeError> {
+        let idle = self
+            .lanes
             .lock()
-            .map_err(|_| ComputeError::Device("a previous GEMM panicked".into()))?;
-        let w = dev
-            .weights
-            .get(&(layer.weights().as_ptr() as usize))
-            .ok_or_else(|| ComputeError::Device("a layer without device weights".into()))?;
-        let dx = dev.stream.clone_htod(&x[..n_in]).map_err(device_err)?;
-        let mut dy = dev
+            .map_err(|_| ComputeError::Device("a previous GEMM panicked".into()))?
+            .pop();
+        match idle {
+            Some(lane) => Ok(lane),
+            None => Self::new_lane(&self.ctx),
+        }
+    }
+
+    fn put_lane(&self, lane: Lane) {
+        if let Ok(mut lanes) = self.lanes.lock() {
+            lanes.push(lane);
+        }
+    }
+
+    fn gemm_on(
+        &self,
+        lane: &Lane,
+        w: &CudaSlice<f32>,
+        x: &[f32],
+        rows: usize,
+        din: usize,
+        dout: usize,
+    ) -> Result<Vec<f32>, ComputeError> {
+        let dx = lane.stream.clone_htod(x).map_err(device_err)?;
+        let mut dy = lane
             .stream
             .alloc_zeros::<f32>(rows * dout)
             .map_err(device_err)?;
@@ -84,9 +116,29 @@ impl LinearExec for CudaExec {
         };
         // SAFETY: `w` holds din*dout values (uploaded from the layer), `dx` rows*din and
         // `dy` rows*dout; the leading dimensions above are those of these buffers.
-        unsafe { dev.blas.gemm(cfg, w, &dx, &mut dy) }.map_err(device_err)?;
-        let mut y = dev.stream.clone_dtoh(&dy).map_err(device_err)?;
-        dev.stream.synchronize().map_err(device_err)?;
+        unsafe { lane.blas.gemm(cfg, w, &dx, &mut dy) }.map_err(device_err)?;
+        let y = lane.stream.clone_dtoh(&dy).map_err(device_err)?;
+        lane.stream.synchronize().map_err(device_err)?;
+        Ok(y)
+    }
+}
+
+impl LinearExec for CudaExec {
+    fn linear(&self, layer: &Linear, x: &[f32], rows: usize) -> Result<Vec<f32>, ComputeError> {
+        let (din, dout) = (layer.din, layer.dout);
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let n_in = rows.checked_mul(din).filter(|n| *n <= x.len());
+        let n_in = n_in.ok_or(ComputeError::TooLarge { what: "GEMM input" })?;
+        let w = self
+            .weights
+            .get(&(layer.weights().as_ptr() as usize))
+            .ok_or_else(|| ComputeError::Device("a layer without device weights".into()))?;
+        let lane = self.take_lane()?;
+        // A lane whose GEMM failed is dropped (by `?`), not reused.
+        let mut y = self.gemm_on(&lane, w, &x[..n_in], rows, din, dout)?;
+        self.put_lane(lane);
         layer.add_bias(&mut y);
         Ok(y)
     }
@@ -124,7 +176,7 @@ impl CudaCompute {
     /// `ordinal`. Without an NVIDIA driver, cuBLAS or a device this returns
     /// [`ComputeError::NoDevice`], never panics.
     pub fn new(spec: &ModelSpec, seed: u64, ordinal: usize) -> Result<Self, ComputeError> {
-        let model = CpuCompute::new(spec, seed)?;
+        let model = CpuCompute::with_max_params(spec, seed, MAX_PARAMS)?;
         // SAFETY: probing loads the shared library by name, as cudarc itself does.
         if !no_panic("loading libcuda", || unsafe {
             cudarc::driver::sys::is_culib_present()
@@ -143,23 +195,20 @@ impl CudaCompute {
         }
         let ctx = no_panic("opening the CUDA device", || CudaContext::new(ordinal))?
             .map_err(|e| ComputeError::NoDevice(format!("GPU {ordinal}: {e}")))?;
-        let stream = ctx.default_stream();
-        let blas = no_panic("creating a cuBLAS handle", || CudaBlas::new(stream.clone()))?
+        let lane = no_panic("creating a cuBLAS handle", || CudaExec::new_lane(&ctx))?
             .map_err(|e| ComputeError::NoDevice(format!("cuBLAS on GPU {ordinal}: {e}")))?;
         let mut weights = HashMap::new();
         for l in model.linears() {
-            let w = stream.clone_htod(l.weights()).map_err(device_err)?;
+            let w = lane.stream.clone_htod(l.weights()).map_err(device_err)?;
             weights.insert(l.weights().as_ptr() as usize, w);
         }
-        stream.synchronize().map_err(device_err)?;
+        lane.stream.synchronize().map_err(device_err)?;
         Ok(Self {
             model,
             exec: CudaExec {
-                device: Mutex::new(Device {
-                    stream,
-                    blas,
-                    weights,
-                }),
+                ctx,
+                weights,
+                lanes: Mutex::new(vec![lane]),
             },
         })
     }
