@@ -290,6 +290,10 @@ struct AllArgs {
     /// Base profile whose parameters the fit adjusts (`h200` with `--compute cuda` on one).
     #[arg(long, default_value = "cpu")]
     base: String,
+    /// Model spec the backend runs and the simulator prices (a name or a spec file). The
+    /// CPU backend builds at most 2^28 parameters; `qwen2.5-vl-7b` needs `--compute cuda`.
+    #[arg(long, default_value = study::STUDY_MODEL)]
+    model: String,
     /// Where each run keeps encoder outputs and prefix KV.
     #[arg(long, value_enum, default_value = "mem")]
     store: StoreKind,
@@ -584,6 +588,7 @@ fn all_cmd(a: AllArgs) -> Result<()> {
         base_hardware: a.base.clone(),
         compute: a.device.label(),
         rooflines: a.roofline.forms(),
+        model: a.model.clone(),
         ..StudyConfig::default()
     };
     if let Some(l) = cfg
@@ -603,7 +608,10 @@ fn all_cmd(a: AllArgs) -> Result<()> {
             ..ContentionPlan::quick()
         });
     }
-    let exec = executor(&cpu_config(Mode::B3), 0, a.device)?;
+    let base = HardwareProfile::resolve(&a.base).map_err(|e| anyhow::anyhow!("--base: {e}"))?;
+    let run_cfg = study::model_config(Mode::B3, &a.model, &base)
+        .map_err(|e| anyhow::anyhow!("--model {}: {e}", a.model))?;
+    let exec = executor(&run_cfg, 0, a.device)?;
     let mut mooncake = |_: &SimConfig, label: &str| -> Result<Box<dyn Store>, MeasureError> {
         mooncake_store(label)
             .map(|s| Box::new(s) as Box<dyn Store>)

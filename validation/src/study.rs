@@ -41,7 +41,7 @@ pub fn cpu_config(mode: Mode) -> SimConfig {
         prefill_chunk_tokens: 512,
         decode_max_batch: 16,
         kv_block_tokens: 16,
-        kv_mem_fraction: 0.0005,
+        kv_mem_fraction: KV_MEM_FRACTION,
         kv_prefix_store: true,
         store: MemStoreConfig {
             capacity_bytes: 1 << 30,
@@ -50,6 +50,52 @@ pub fn cpu_config(mode: Mode) -> SimConfig {
         },
         ..SimConfig::default()
     }
+}
+
+/// The model the study runs unless told otherwise (a CPU runs it: `qwen2.5-vl-tiny`).
+pub const STUDY_MODEL: &str = "qwen2.5-vl-tiny";
+
+/// The share of a worker's memory the default model's KV pool gets in the study's runs.
+const KV_MEM_FRACTION: f64 = 0.0005;
+
+/// [`cpu_config`] on `model`: the default model as it is; another model gets the KV memory
+/// fraction under which its pool holds as many tokens as the default model's pool on `hw`
+/// (a real checkpoint's weights alone exceed the default fraction of any device), so the
+/// same trace meets the same KV pressure whatever the model's size. Fails when that pool
+/// and the model's weights do not fit `hw`.
+pub fn model_config(
+    mode: Mode,
+    model: &str,
+    hw: &HardwareProfile,
+) -> Result<SimConfig, MeasureError> {
+    let base = cpu_config(mode);
+    if model == base.model {
+        return Ok(base);
+    }
+    let resolve = |m: &str| ModelSpec::resolve(m).map_err(|e| sim_models("model", e));
+    let (default, spec) = (resolve(&base.model)?, resolve(model)?);
+    let hbm = hw.hbm_capacity_bytes as f64;
+    let pool_tokens = ((hbm * KV_MEM_FRACTION - default.llm_resident_bytes() as f64).max(0.0)
+        / default.kv_bytes_per_token() as f64)
+        .floor();
+    // One token more than the pool, so that rounding never leaves it a token short.
+    let need =
+        spec.llm_resident_bytes() as f64 + (pool_tokens + 1.0) * spec.kv_bytes_per_token() as f64;
+    let fraction = need / hbm;
+    if !(fraction > 0.0 && fraction <= 1.0) {
+        return Err(MeasureError::Sim(moonagent_sim::des::SimError::Config {
+            field: "model",
+            what: format!(
+                "`{model}`: its weights and a KV pool of {pool_tokens} tokens need {need:.3e} \
+                 bytes; the hardware has {hbm:.3e}"
+            ),
+        }));
+    }
+    Ok(SimConfig {
+        model: model.into(),
+        kv_mem_fraction: fraction,
+        ..base
+    })
 }
 
 /// The validation workload: W3's shape (repeated images, a shared system prompt, some
@@ -114,6 +160,9 @@ pub struct StudyConfig {
     pub compute: String,
     /// The compute cost forms the profile fit may choose from ([`profile::fit`]).
     pub rooflines: Vec<Roofline>,
+    /// The model the backend runs (the executor's) and the simulator prices
+    /// ([`model_config`]).
+    pub model: String,
 }
 
 impl Default for StudyConfig {
@@ -131,6 +180,7 @@ impl Default for StudyConfig {
             base_hardware: "cpu".into(),
             compute: "cpu".into(),
             rooflines: Roofline::ALL.to_vec(),
+            model: STUDY_MODEL.into(),
         }
     }
 }
@@ -217,6 +267,8 @@ pub struct Study {
     pub host_sched: HostSched,
     /// What ran the operators (`cpu`, `cuda:0`).
     pub compute: String,
+    /// The model spec the backend ran and the simulator priced.
+    pub model: String,
     /// The profile fit.
     pub profile: Profile,
     /// Simulated saturated throughput per mode, requests per second.
@@ -272,8 +324,7 @@ pub fn run_study(
     out: &Path,
     mut say: impl FnMut(&str),
 ) -> Result<Study, MeasureError> {
-    let base = cpu_config(Mode::B0);
-    let spec = ModelSpec::resolve(&base.model).map_err(|e| sim_models("model", e))?;
+    let spec = ModelSpec::resolve(&cfg.model).map_err(|e| sim_models("model", e))?;
     let hw0 =
         HardwareProfile::resolve(&cfg.base_hardware).map_err(|e| sim_models("hardware", e))?;
     say("profiling operators (design grid)");
@@ -322,7 +373,7 @@ pub fn run_study(
     for &mode in &cfg.modes {
         let mcfg = SimConfig {
             hardware: hw_arg.clone(),
-            ..cpu_config(mode)
+            ..model_config(mode, &cfg.model, &fitted.hardware)?
         };
         let (sat, _) = simulate(&mcfg, &sat_trace, sat_bs)?;
         capacity.push((mode.name().to_string(), sat.throughput_rps));
@@ -398,6 +449,7 @@ pub fn run_study(
         workers: base_cfg.encoders + base_cfg.prefills + base_cfg.decodes,
         host_sched: cfg.host_sched,
         compute: cfg.compute.clone(),
+        model: spec.name.clone(),
         profile: fitted,
         capacity_rps: capacity,
         runs,
@@ -585,7 +637,8 @@ pub fn report(st: &Study) -> String {
         String::from("# moonagent validate: simulated vs measured\n\n## Operator profile\n\n");
     s.push_str(&profile_markdown(&st.profile));
     s.push_str(&format!(
-        "\n## Runs\n\nOperators on `{}`; {} compute workers (threads) on {} cores, scheduled by {}{}. Step stretch E/P/D: median measured / profiled time of the run's encode, prefill and decode steps (1.00: as fast as profiled alone).\n\n",
+        "\n## Runs\n\nModel `{}`; operators on `{}`; {} compute workers (threads) on {} cores, scheduled by {}{}. Step stretch E/P/D: median measured / profiled time of the run's encode, prefill and decode steps (1.00: as fast as profiled alone).\n\n",
+        st.model,
         st.compute,
         st.workers,
         st.cores,
@@ -691,4 +744,38 @@ pub fn report(st: &Study) -> String {
         s.push('\n');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moonagent_models::CostModel;
+
+    fn pool_tokens(cfg: &SimConfig, hw: &HardwareProfile) -> u64 {
+        let spec = ModelSpec::resolve(&cfg.model).unwrap();
+        CostModel::new(hw, &spec, 1)
+            .unwrap()
+            .kv_capacity_tokens(cfg.kv_mem_fraction)
+    }
+
+    #[test]
+    fn another_model_gets_the_default_models_kv_pool_in_tokens() {
+        for base in ["cpu", "h200"] {
+            let hw = HardwareProfile::resolve(base).unwrap();
+            let default = model_config(Mode::B3, STUDY_MODEL, &hw).unwrap();
+            // The default model is the study's configuration as it was.
+            assert_eq!(default.kv_mem_fraction, KV_MEM_FRACTION);
+            assert_eq!(default.model, cpu_config(Mode::B3).model);
+            let want = pool_tokens(&default, &hw);
+            assert!(want > 1000, "{base}: {want}");
+            let cfg = model_config(Mode::B0, "qwen2.5-vl-7b", &hw).unwrap();
+            assert_eq!((cfg.model.as_str(), cfg.mode), ("qwen2.5-vl-7b", Mode::B0));
+            let got = pool_tokens(&cfg, &hw);
+            assert!((want..=want + 1).contains(&got), "{base}: {got} vs {want}");
+        }
+        // 72B's bf16 weights alone exceed one H200.
+        let h200 = HardwareProfile::resolve("h200").unwrap();
+        let err = model_config(Mode::B3, "qwen2.5-vl-72b", &h200).unwrap_err();
+        assert!(err.to_string().contains("qwen2.5-vl-72b"), "{err}");
+    }
 }
