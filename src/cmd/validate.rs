@@ -422,7 +422,7 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
         return Ok(());
     }
     let exec = executor(&cfg, a.seed, a.device)?;
-    let grid = Grid::cpu_default();
+    let grid = Grid::cpu_default().covering(&spec);
     let hold = grid.holdout(a.seed ^ 0x5eed, 8);
     let n = (grid.encode.len()
         + grid.prefill.len()

@@ -81,6 +81,28 @@ impl Grid {
         }
     }
 
+    /// This grid with transfer sizes doubling past its largest until they reach half of
+    /// `spec`'s largest transfer (the KV of the grid's longest prefill, `new + cached`
+    /// tokens), so a larger model's transfers are measured rather than extrapolated from
+    /// the scaled model's. A grid that already reaches that far is returned as it is.
+    pub fn covering(mut self, spec: &ModelSpec) -> Self {
+        let longest = self
+            .prefill
+            .iter()
+            .map(|&(n, c)| u64::from(n) + u64::from(c));
+        let largest = longest
+            .max()
+            .unwrap_or(0)
+            .saturating_mul(spec.kv_bytes_per_token());
+        while let Some(&last) = self.transfer.iter().max() {
+            if last == 0 || last.saturating_mul(2) >= largest {
+                break;
+            }
+            self.transfer.push(last * 2);
+        }
+        self
+    }
+
     /// A small grid for tests: the corners of each operator's range, three repeats.
     pub fn quick() -> Self {
         Grid {

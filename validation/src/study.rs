@@ -327,14 +327,11 @@ pub fn run_study(
     let spec = ModelSpec::resolve(&cfg.model).map_err(|e| sim_models("model", e))?;
     let hw0 =
         HardwareProfile::resolve(&cfg.base_hardware).map_err(|e| sim_models("hardware", e))?;
+    let grid = cfg.grid.clone().covering(&spec);
     say("profiling operators (design grid)");
-    let samples = profile::measure(&cfg.grid, exec.as_ref(), |_| {})?;
+    let samples = profile::measure(&grid, exec.as_ref(), |_| {})?;
     say("profiling operators (hold-out set)");
-    let hold = profile::measure(
-        &cfg.grid.holdout(cfg.seed, cfg.holdout),
-        exec.as_ref(),
-        |_| {},
-    )?;
+    let hold = profile::measure(&grid.holdout(cfg.seed, cfg.holdout), exec.as_ref(), |_| {})?;
     let mut said = false;
     let plan = cfg.contention.clone().map(|p| ContentionPlan {
         host_sched: cfg.host_sched,
@@ -756,6 +753,23 @@ mod tests {
         CostModel::new(hw, &spec, 1)
             .unwrap()
             .kv_capacity_tokens(cfg.kv_mem_fraction)
+    }
+
+    #[test]
+    fn the_profile_grid_measures_a_larger_models_transfers() {
+        let tiny = ModelSpec::resolve(STUDY_MODEL).unwrap();
+        let big = ModelSpec::resolve("qwen2.5-vl-7b").unwrap();
+        for grid in [Grid::cpu_default(), Grid::quick()] {
+            // The scaled model's grid already reaches its transfers.
+            assert_eq!(grid.clone().covering(&tiny), grid);
+            let g = grid.clone().covering(&big);
+            let longest = grid.prefill.iter().map(|&(n, c)| u64::from(n + c)).max();
+            let need = longest.unwrap() * big.kv_bytes_per_token();
+            let top = *g.transfer.iter().max().unwrap();
+            assert!(2 * top >= need && top < need, "{top} for {need}");
+            assert_eq!(g.transfer[..grid.transfer.len()], grid.transfer[..]);
+            assert_eq!((g.prefill, g.decode), (grid.prefill, grid.decode));
+        }
     }
 
     #[test]
