@@ -576,3 +576,93 @@ fn compute_is_usable_as_a_trait_object_shared_between_threads() {
     assert_eq!(out[0][0], image(4, 0));
     assert_ne!(out[0], out[1]);
 }
+
+/// Attention spread over the cores (the CUDA backend's host side) computes the same bits
+/// as one head after another: encoder outputs over windows and full blocks, a batched
+/// prefill over a cached prefix, and a batched decode.
+#[test]
+fn parallel_attention_gives_the_same_bits() {
+    let spec = ModelSpec::by_name("qwen2.5-vl-tiny").unwrap();
+    let par = CpuCompute::new(&spec, 7)
+        .unwrap()
+        .with_parallel_attention(true);
+    let one = tiny();
+    let imgs = [
+        ImageInput {
+            visual_tokens: 256,
+            seed: 5,
+        },
+        ImageInput {
+            visual_tokens: 64,
+            seed: 6,
+        },
+    ];
+    let enc = one.encode(&imgs).unwrap();
+    assert_eq!(par.encode(&imgs).unwrap(), enc);
+    let (pa, pb) = (
+        [
+            0u32, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+        ],
+        [18u32, 19, 20],
+    );
+    let first = [Rows::Text { seed: 3, count: 30 }];
+    let rest = [Rows::Image {
+        encoder_output: &enc[0],
+        first: 0,
+        count: 256,
+    }];
+    let b_inputs = [Rows::Text {
+        seed: 77,
+        count: 40,
+    }];
+    let mut runs = Vec::new();
+    for c in [one, &par] {
+        let mut kv = c.new_kv(24, PT).unwrap();
+        let t0 = c
+            .prefill(
+                &mut kv,
+                &[PrefillChunk {
+                    pages: &pa,
+                    cached: 0,
+                    inputs: &first,
+                }],
+            )
+            .unwrap();
+        let t1 = c
+            .prefill(
+                &mut kv,
+                &[
+                    PrefillChunk {
+                        pages: &pa,
+                        cached: 30,
+                        inputs: &rest,
+                    },
+                    PrefillChunk {
+                        pages: &pb,
+                        cached: 0,
+                        inputs: &b_inputs,
+                    },
+                ],
+            )
+            .unwrap();
+        let d = c
+            .decode(
+                &mut kv,
+                &[
+                    DecodeSeq {
+                        pages: &pa,
+                        len: 286,
+                        token: t1[0],
+                    },
+                    DecodeSeq {
+                        pages: &pb,
+                        len: 40,
+                        token: t1[1],
+                    },
+                ],
+            )
+            .unwrap();
+        runs.push((t0, t1, d, kv));
+    }
+    assert_eq!(runs[0], runs[1]);
+}

@@ -9,6 +9,8 @@ use super::ops::{
     add_into, attention, extend_from_bf16_bytes, gelu, normal, rms_norm, rope, swiglu,
     to_bf16_bytes, AttnScratch, Host, Linear, LinearExec, ATTN_ROWS,
 };
+use rayon::prelude::*;
+
 use super::{
     text_token, Compute, ComputeError, DecodeSeq, ImageInput, KvPages, PrefillChunk, Rows,
 };
@@ -86,6 +88,9 @@ struct VitBlock {
 pub struct CpuCompute {
     spec: ModelSpec,
     seed: u64,
+    /// Whether one call's attention heads run on the host's cores at once (rayon), not one
+    /// by one on the calling thread ([`CpuCompute::with_parallel_attention`]).
+    parallel_attention: bool,
     // LLM.
     hidden: usize,
     heads: usize,
@@ -129,6 +134,16 @@ impl CpuCompute {
     /// odd head dimension (RoPE), or a model above [`MAX_PARAMS`] parameters.
     pub fn new(spec: &ModelSpec, seed: u64) -> Result<Self, ComputeError> {
         Self::with_max_params(spec, seed, MAX_PARAMS)
+    }
+
+    /// This model with each call's attention spread over the host's cores (one task per
+    /// sequence and KV head, or per ViT window and head), for a backend whose GEMMs run
+    /// elsewhere (the CUDA one) and whose host is otherwise idle. The results are the same
+    /// bits as one head after another. The CPU backend keeps it off: its workers already
+    /// share the cores, one thread each, as its profile's contention fit assumes.
+    pub fn with_parallel_attention(mut self, on: bool) -> Self {
+        self.parallel_attention = on;
+        self
     }
 
     /// [`CpuCompute::new`] with another ceiling on the parameter count (a GPU backend
@@ -239,6 +254,7 @@ impl CpuCompute {
         Ok(Self {
             spec: spec.clone(),
             seed,
+            parallel_attention: false,
             hidden,
             heads,
             kv_heads,
@@ -299,33 +315,105 @@ impl CpuCompute {
         out.extend((0..n).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32));
     }
 
-    /// Attention of the patches `s..e` among themselves (one window, or one whole image):
-    /// per head, `S = Q K^T` and `O = P V` as GEMMs over the window's rows.
-    fn vit_attention(
-        &self,
-        qkv: &[f32],
-        s: usize,
-        e: usize,
-        attn: &mut [f32],
-        sc: &mut AttnScratch,
-    ) {
+    /// Attention of head `head` of the patches `s..e` among themselves (one window, or one
+    /// whole image): `S = Q K^T` and `O = P V` as GEMMs over the window's rows, the result
+    /// in `sc.o` (`(e - s) x head_dim`).
+    fn vit_head(&self, qkv: &[f32], s: usize, e: usize, head: usize, sc: &mut AttnScratch) {
         let h = self.v_hidden;
         let hd = h / self.v_heads;
         let n = e - s;
-        for head in 0..self.v_heads {
-            let cols = head * hd..(head + 1) * hd;
+        let cols = head * hd..(head + 1) * hd;
+        sc.q.clear();
+        sc.k.clear();
+        sc.v.clear();
+        for row in qkv[s * 3 * h..e * 3 * h].chunks_exact(3 * h) {
+            sc.q.extend_from_slice(&row[cols.clone()]);
+            sc.k.extend_from_slice(&row[h + cols.start..h + cols.end]);
+            sc.v.extend_from_slice(&row[2 * h + cols.start..2 * h + cols.end]);
+        }
+        attention(sc, n, hd, n, |_| n);
+    }
+
+    /// Every head's attention within each of `wins` (patch ranges), into `attn`
+    /// (`patches x v_hidden`): on the calling thread, or with parallel attention one task
+    /// per window and head (the same arithmetic, so the same bits).
+    fn vit_attention(&self, qkv: &[f32], wins: &[(usize, usize)], attn: &mut [f32]) {
+        let h = self.v_hidden;
+        let hd = h / self.v_heads;
+        let mut put = |(s, e): (usize, usize), head: usize, o: &[f32]| {
+            for (r, o) in (s..e).zip(o.chunks_exact(hd)) {
+                attn[r * h + head * hd..r * h + (head + 1) * hd].copy_from_slice(o);
+            }
+        };
+        if self.parallel_attention {
+            let tasks: Vec<_> = wins
+                .iter()
+                .flat_map(|&w| (0..self.v_heads).map(move |head| (w, head)))
+                .collect();
+            let outs: Vec<Vec<f32>> = tasks
+                .par_iter()
+                .map(|&((s, e), head)| {
+                    let mut sc = AttnScratch::default();
+                    self.vit_head(qkv, s, e, head, &mut sc);
+                    sc.o
+                })
+                .collect();
+            for (&(w, head), o) in tasks.iter().zip(&outs) {
+                put(w, head, o);
+            }
+        } else {
+            let mut sc = AttnScratch::default();
+            for &w in wins {
+                for head in 0..self.v_heads {
+                    self.vit_head(qkv, w.0, w.1, head, &mut sc);
+                    put(w, head, &sc.o);
+                }
+            }
+        }
+    }
+
+    /// Causal attention of sequence `s`'s new rows in layer `l` for the query heads of KV
+    /// head `g`, in blocks of `tile` tokens; each block's output (`tokens x group *
+    /// head_dim`, rows of a token's `group` heads) goes to `put` with the block's first
+    /// token index.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_group(
+        &self,
+        kv: &KvArena,
+        qkv: &[f32],
+        l: usize,
+        s: &SeqRows<'_>,
+        g: usize,
+        tile: usize,
+        sc: &mut AttnScratch,
+        mut put: impl FnMut(usize, &[f32]),
+    ) {
+        let hd = self.head_dim;
+        let q_dim = self.heads * hd;
+        let width = q_dim + 2 * self.kv_heads * hd;
+        let group = self.heads / self.kv_heads;
+        let gw = group * hd;
+        let ctx = s.start + s.n;
+        // The sequence's keys and values of this KV head, f32, once.
+        let cols = g * hd..(g + 1) * hd;
+        kv.gather(s.pages, ctx, l, 0, cols.clone(), &mut sc.k);
+        kv.gather(s.pages, ctx, l, 1, cols, &mut sc.v);
+        // Blocks of new tokens; rows are (token, query head of the group).
+        let mut i0 = 0;
+        while i0 < s.n {
+            let i1 = (i0 + tile).min(s.n);
             sc.q.clear();
-            sc.k.clear();
-            sc.v.clear();
-            for row in qkv[s * 3 * h..e * 3 * h].chunks_exact(3 * h) {
-                sc.q.extend_from_slice(&row[cols.clone()]);
-                sc.k.extend_from_slice(&row[h + cols.start..h + cols.end]);
-                sc.v.extend_from_slice(&row[2 * h + cols.start..2 * h + cols.end]);
+            for r in s.row0 + i0..s.row0 + i1 {
+                sc.q.extend_from_slice(&qkv[r * width + g * gw..r * width + (g + 1) * gw]);
             }
-            attention(sc, n, hd, n, |_| n);
-            for (r, o) in (s..e).zip(sc.o.chunks_exact(hd)) {
-                attn[r * h + cols.start..r * h + cols.end].copy_from_slice(o);
-            }
+            // Causal: position start + i sees keys 0..=start + i, so the block needs keys
+            // 0..start + i1.
+            let first = s.start + i0 + 1;
+            attention(sc, (i1 - i0) * group, hd, s.start + i1, |row| {
+                first + row / group
+            });
+            put(i0, &sc.o);
+            i0 = i1;
         }
     }
 
@@ -384,32 +472,37 @@ impl CpuCompute {
                 }
             }
             let mut attn = vec![0.0f32; rows * q_dim];
-            for s in seqs {
-                let ctx = s.start + s.n;
-                for g in 0..self.kv_heads {
-                    // The sequence's keys and values of this KV head, f32, once.
-                    let cols = g * hd..(g + 1) * hd;
-                    kv.gather(s.pages, ctx, l, 0, cols.clone(), &mut sc.k);
-                    kv.gather(s.pages, ctx, l, 1, cols, &mut sc.v);
-                    // Blocks of new tokens; rows are (token, query head of the group).
-                    let mut i0 = 0;
-                    while i0 < s.n {
-                        let i1 = (i0 + tile).min(s.n);
-                        sc.q.clear();
-                        for r in s.row0 + i0..s.row0 + i1 {
-                            let q = &qkv[r * width + g * gw..r * width + (g + 1) * gw];
-                            sc.q.extend_from_slice(q);
-                        }
-                        // Causal: position start + i sees keys 0..=start + i, so the
-                        // block needs keys 0..start + i1.
-                        let first = s.start + i0 + 1;
-                        attention(&mut sc, (i1 - i0) * group, hd, s.start + i1, |row| {
-                            first + row / group
+            let mut put = |s: &SeqRows<'_>, g: usize, i0: usize, o: &[f32]| {
+                for (r, o) in (s.row0 + i0..).zip(o.chunks_exact(gw)) {
+                    attn[r * q_dim + g * gw..r * q_dim + (g + 1) * gw].copy_from_slice(o);
+                }
+            };
+            let kv_ro: &KvArena = kv;
+            if self.parallel_attention {
+                let tasks: Vec<_> = seqs
+                    .iter()
+                    .flat_map(|s| (0..self.kv_heads).map(move |g| (s, g)))
+                    .collect();
+                let outs: Vec<Vec<f32>> = tasks
+                    .par_iter()
+                    .map(|&(s, g)| {
+                        let mut sc = AttnScratch::default();
+                        let mut out = Vec::with_capacity(s.n * gw);
+                        self.attend_group(kv_ro, &qkv, l, s, g, tile, &mut sc, |_, o| {
+                            out.extend_from_slice(o)
                         });
-                        for (r, o) in (s.row0 + i0..s.row0 + i1).zip(sc.o.chunks_exact(gw)) {
-                            attn[r * q_dim + g * gw..r * q_dim + (g + 1) * gw].copy_from_slice(o);
-                        }
-                        i0 = i1;
+                        out
+                    })
+                    .collect();
+                for (&(s, g), o) in tasks.iter().zip(&outs) {
+                    put(s, g, 0, o);
+                }
+            } else {
+                for s in seqs {
+                    for g in 0..self.kv_heads {
+                        self.attend_group(kv_ro, &qkv, l, s, g, tile, &mut sc, |i0, o| {
+                            put(s, g, i0, o)
+                        });
                     }
                 }
             }
@@ -534,13 +627,13 @@ impl CpuCompute {
             spans.push((at, at + n));
             at += n;
         }
-        let mut sc = AttnScratch::default();
         for blk in &self.blocks {
             let xn = rms_norm(&x, h, &blk.ln1);
             let qkv = exec.linear(&blk.qkv, &xn, patches)?;
             let mut attn = vec![0.0f32; patches * h];
             // Full-attention blocks attend over the image; the others within windows of
             // `window` consecutive patches (see the module docs).
+            let mut wins = Vec::new();
             for &(s, e) in &spans {
                 let step = if blk.full {
                     (e - s).max(1)
@@ -550,10 +643,11 @@ impl CpuCompute {
                 let mut w = s;
                 while w < e {
                     let we = (w + step).min(e);
-                    self.vit_attention(&qkv, w, we, &mut attn, &mut sc);
+                    wins.push((w, we));
                     w = we;
                 }
             }
+            self.vit_attention(&qkv, &wins, &mut attn);
             add_into(&mut x, &exec.linear(&blk.proj, &attn, patches)?);
             let xn = rms_norm(&x, h, &blk.ln2);
             let act = swiglu(&exec.linear(&blk.gate_up, &xn, patches)?, self.v_inter);

@@ -176,7 +176,8 @@ impl CudaCompute {
     /// `ordinal`. Without an NVIDIA driver, cuBLAS or a device this returns
     /// [`ComputeError::NoDevice`], never panics.
     pub fn new(spec: &ModelSpec, seed: u64, ordinal: usize) -> Result<Self, ComputeError> {
-        let model = CpuCompute::with_max_params(spec, seed, MAX_PARAMS)?;
+        let model =
+            CpuCompute::with_max_params(spec, seed, MAX_PARAMS)?.with_parallel_attention(true);
         // SAFETY: probing loads the shared library by name, as cudarc itself does.
         if !no_panic("loading libcuda", || unsafe {
             cudarc::driver::sys::is_culib_present()
