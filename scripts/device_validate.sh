@@ -13,13 +13,17 @@
 # What it runs, each step under its own time limit so that one slow step cannot take the
 # others' time (the steps end within BUDGET_S, default 520 s):
 #   1. nvidia-smi: the device as the driver reports it
-#   2. validate profile --compute cuda --base h200 on the scaled model (qwen2.5-vl-tiny)
-#   3. validate all --compute cuda --base h200 --quick: profile -> runs -> compare, B0 and B3
-#   4. validate profile --compute cuda --base h200 --model qwen2.5-vl-7b: the fit on the real
-#      model's shapes (random weights: 7B f32 parameters, ~31 GB of host memory)
-#   5. validate all --compute cuda --base h200 --requests 120 --repeats 1 (the study at two
-#      loads, one repeat), if time is left
-# If step 2 fails, libs.log records where the CUDA libraries are, for a rerun.
+#   2. the compute_cuda test binary, if one was carried beside BIN (CUDA against the CPU
+#      backend, also from 4 threads at once):
+#        cargo test --release --features cuda -p moonagent-validation --test compute_cuda --no-run
+#        cp target/release/deps/compute_cuda-<hash> .device-bin/compute_cuda
+#   3. validate profile --compute cuda --base h200 on the scaled model (qwen2.5-vl-tiny)
+#   4. validate all --compute cuda --base h200 --model qwen2.5-vl-7b: profile -> runs ->
+#      compare on the real model's shapes (random weights: 8.3 G f32 parameters, ~33 GB of
+#      host and again of device memory), B0 and B3, one repeat of a short trace
+#   5. validate all --compute cuda --base h200 --requests 120 on the scaled model, three
+#      repeats if the time left allows, else one
+# If step 3 fails, libs.log records where the CUDA libraries are, for a rerun.
 # Results: OUTDIR (default $OUT, else ./device-validate) gets summary.md (every step's exit
 # status, time and last lines), the reports (report-*.md) and results.tgz (every output
 # folder), which is what `device` brings back (at most 8 files, 2 folders deep).
@@ -105,6 +109,8 @@ step() {
 left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
 
 nvidia-smi > "$WORK/nvidia-smi.log" 2>&1
+TEST_BIN=$(dirname "$BIN")/compute_cuda
+[[ -x $TEST_BIN ]] && step test-cuda 60 "$TEST_BIN" --test-threads 1
 step profile-tiny 90 "$BIN" validate profile --compute cuda --base h200 \
   --model qwen2.5-vl-tiny --out "$WORK/profile-tiny"
 ok_tiny=$?
@@ -114,13 +120,14 @@ if [[ $ok_tiny != 0 ]]; then
     ls -la /usr/local/cuda* 2>&1 | head -20; } > "$WORK/libs.log" 2>&1
 fi
 if [[ $ok_tiny == 0 ]]; then
-  step all-quick 150 "$BIN" validate all --compute cuda --base h200 --quick --out "$WORK/all-quick"
-  # The real model's shapes next (random weights: 7B f32 parameters, ~31 GB of host and
-  # device memory), then as much of the study as the time left allows.
-  [[ $(left) -gt 60 ]] && step profile-7b $(( $(left) > 200 ? 180 : $(left) - 20 )) "$BIN" \
-    validate profile --compute cuda --base h200 --model qwen2.5-vl-7b --out "$WORK/profile-7b"
-  [[ $(left) -gt 150 ]] && step all-r1 $(( $(left) - 10 )) "$BIN" validate all --compute cuda \
-    --base h200 --requests 120 --repeats 1 --out "$WORK/all-r1"
+  # The real model's shapes first (what no CPU can run), then as much of the scaled
+  # model's study as the time left allows.
+  [[ $(left) -gt 120 ]] && step all-7b $(( $(left) > 400 ? 300 : $(left) - 100 )) "$BIN" \
+    validate all --compute cuda --base h200 --model qwen2.5-vl-7b --requests 24 --repeats 1 \
+    --out "$WORK/all-7b"
+  if [[ $(left) -gt 300 ]]; then reps=3; else reps=1; fi
+  [[ $(left) -gt 110 ]] && step all-tiny-r$reps $(( $(left) - 10 )) "$BIN" validate all \
+    --compute cuda --base h200 --requests 120 --repeats $reps --out "$WORK/all-tiny"
 fi
 
 {
@@ -134,10 +141,10 @@ fi
     echo
   done
 } >> "$SUMMARY"
-for r in all-quick all-r1; do
+for r in all-7b all-tiny; do
   [[ -f $WORK/$r/report.md ]] && cp "$WORK/$r/report.md" "$OUTDIR/report-$r.md"
 done
-for r in profile-tiny profile-7b; do
+for r in test-cuda profile-tiny; do
   [[ -f $WORK/$r.log ]] && cp "$WORK/$r.log" "$OUTDIR/$r.log"
 done
 tar czf "$OUTDIR/results.tgz" -C "$WORK" . 2>/dev/null
