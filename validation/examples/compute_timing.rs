@@ -1,7 +1,8 @@
 //! Wall-clock timing of `CpuCompute` on the tiny spec (release build; best of N runs, N
 //! the first argument, default 10): prefill of 256 new tokens over 0, 512 and 1024 cached,
 //! a decode iteration of batch 8 at context 512, the encode of a 256-token image, and the
-//! LLM attention's marginal rate (its FLOPs over the extra prefill time of cached context).
+//! LLM attention's marginal rate (its FLOPs over the extra prefill time of cached context),
+//! and the time of a long prefill and an encode with attention on every core over serial.
 //! No assertions: timings depend on the machine.
 //!
 //! `cargo run --release -p moonagent-validation --example compute_timing`
@@ -126,4 +127,56 @@ fn main() {
         .unwrap();
     });
     println!("encode 256-token image: {ms:.2} ms");
+
+    // Attention on every core (the CUDA backend's host side) against one head after another,
+    // alternating, medians: the whole call's time, so the GEMMs (here on the host too)
+    // dilute the attention's speed-up.
+    let par = CpuCompute::new(&spec, 7)
+        .unwrap()
+        .with_parallel_attention(true);
+    let prefill = |m: &CpuCompute, kv: &mut moonagent_validation::compute::KvArena| {
+        m.prefill(
+            kv,
+            &[PrefillChunk {
+                pages: &pages,
+                cached: 1024,
+                inputs: &[Rows::Text {
+                    seed: 2,
+                    count: 256,
+                }],
+            }],
+        )
+        .unwrap();
+    };
+    let encode = |m: &CpuCompute| {
+        m.encode(&[ImageInput {
+            visual_tokens: 256,
+            seed: 4,
+        }])
+        .unwrap();
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let time = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    let (mut ps, mut pp, mut es, mut ep) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps {
+        ps.push(time(&mut || prefill(&c, &mut kv)));
+        pp.push(time(&mut || prefill(&par, &mut kv)));
+        es.push(time(&mut || encode(&c)));
+        ep.push(time(&mut || encode(&par)));
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (ps, pp, es, ep) = (median(ps), median(pp), median(es), median(ep));
+    println!(
+        "parallel attention on {cores} cores, median of {reps}: prefill 256 over 1024 \
+         {pp:.2} ms vs {ps:.2} serial ({:.2}x), encode 256-token image {ep:.2} vs {es:.2} ({:.2}x)",
+        pp / ps,
+        ep / es
+    );
 }

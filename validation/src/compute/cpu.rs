@@ -53,6 +53,16 @@ fn par_map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     done.into_iter().map(|(_, t)| t).collect()
 }
 
+/// `f` with this thread's attention scratch: a parallel attention task reuses its thread's
+/// buffers (a fresh `rows x keys` score matrix per task costs more in page faults and
+/// zeroing than the task's GEMMs).
+fn with_scratch<T>(f: impl FnOnce(&mut AttnScratch) -> T) -> T {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<AttnScratch> = Default::default();
+    }
+    SCRATCH.with_borrow_mut(f)
+}
+
 /// RoPE base of Qwen2.5 (`rope_theta`).
 const ROPE_THETA: f64 = 1_000_000.0;
 
@@ -353,9 +363,10 @@ impl CpuCompute {
             let outs: Vec<Vec<f32>> = tasks
                 .par_iter()
                 .map(|&((s, e), head)| {
-                    let mut sc = AttnScratch::default();
-                    self.vit_head(qkv, s, e, head, &mut sc);
-                    sc.o
+                    with_scratch(|sc| {
+                        self.vit_head(qkv, s, e, head, sc);
+                        sc.o.clone()
+                    })
                 })
                 .collect();
             for (&(w, head), o) in tasks.iter().zip(&outs) {
@@ -372,49 +383,48 @@ impl CpuCompute {
         }
     }
 
-    /// Causal attention of sequence `s`'s new rows in layer `l` for the query heads of KV
-    /// head `g`, in blocks of `tile` tokens; each block's output (`tokens x group *
-    /// head_dim`, rows of a token's `group` heads) goes to `put` with the block's first
-    /// token index.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_group(
+    /// Causal attention of sequence `s`'s new tokens `i0..i1` for the query heads of KV
+    /// head `g`, with that head's keys and values of (at least) positions
+    /// `0..s.start + i1` already in `sc.k`, `sc.v`; the output (`tokens x group *
+    /// head_dim`, rows of a token's `group` heads) is left in `sc.o`.
+    fn attend_block(
+        &self,
+        qkv: &[f32],
+        s: &SeqRows<'_>,
+        g: usize,
+        (i0, i1): (usize, usize),
+        sc: &mut AttnScratch,
+    ) {
+        let hd = self.head_dim;
+        let width = (self.heads + 2 * self.kv_heads) * hd;
+        let group = self.heads / self.kv_heads;
+        let gw = group * hd;
+        sc.q.clear();
+        for r in s.row0 + i0..s.row0 + i1 {
+            sc.q.extend_from_slice(&qkv[r * width + g * gw..r * width + (g + 1) * gw]);
+        }
+        // Causal: position start + i sees keys 0..=start + i, so the block needs keys
+        // 0..start + i1.
+        let first = s.start + i0 + 1;
+        attention(sc, (i1 - i0) * group, hd, s.start + i1, |row| {
+            first + row / group
+        });
+    }
+
+    /// KV head `g`'s keys (`kind` 0) and values (1) of `s`'s positions `0..len` in layer
+    /// `l`, into `sc`.
+    fn gather_head(
         &self,
         kv: &KvArena,
-        qkv: &[f32],
         l: usize,
         s: &SeqRows<'_>,
         g: usize,
-        tile: usize,
+        len: usize,
         sc: &mut AttnScratch,
-        mut put: impl FnMut(usize, &[f32]),
     ) {
-        let hd = self.head_dim;
-        let q_dim = self.heads * hd;
-        let width = q_dim + 2 * self.kv_heads * hd;
-        let group = self.heads / self.kv_heads;
-        let gw = group * hd;
-        let ctx = s.start + s.n;
-        // The sequence's keys and values of this KV head, f32, once.
-        let cols = g * hd..(g + 1) * hd;
-        kv.gather(s.pages, ctx, l, 0, cols.clone(), &mut sc.k);
-        kv.gather(s.pages, ctx, l, 1, cols, &mut sc.v);
-        // Blocks of new tokens; rows are (token, query head of the group).
-        let mut i0 = 0;
-        while i0 < s.n {
-            let i1 = (i0 + tile).min(s.n);
-            sc.q.clear();
-            for r in s.row0 + i0..s.row0 + i1 {
-                sc.q.extend_from_slice(&qkv[r * width + g * gw..r * width + (g + 1) * gw]);
-            }
-            // Causal: position start + i sees keys 0..=start + i, so the block needs keys
-            // 0..start + i1.
-            let first = s.start + i0 + 1;
-            attention(sc, (i1 - i0) * group, hd, s.start + i1, |row| {
-                first + row / group
-            });
-            put(i0, &sc.o);
-            i0 = i1;
-        }
+        let cols = g * self.head_dim..(g + 1) * self.head_dim;
+        kv.gather(s.pages, len, l, 0, cols.clone(), &mut sc.k);
+        kv.gather(s.pages, len, l, 1, cols, &mut sc.v);
     }
 
     /// The LLM over stacked input rows `x` (rows x hidden) of `seqs`: writes each new
@@ -477,32 +487,40 @@ impl CpuCompute {
                     attn[r * q_dim + g * gw..r * q_dim + (g + 1) * gw].copy_from_slice(o);
                 }
             };
+            // Blocks of `tile` new tokens: rows are (token, query head of the group).
+            let blocks = |n: usize| (0..n).step_by(tile).map(move |i0| (i0, (i0 + tile).min(n)));
             let kv_ro: &KvArena = kv;
             if self.parallel_attention {
+                // One task per block of each sequence and KV head, each gathering the keys
+                // its block sees.
                 let tasks: Vec<_> = seqs
                     .iter()
-                    .flat_map(|s| (0..self.kv_heads).map(move |g| (s, g)))
+                    .flat_map(|s| {
+                        (0..self.kv_heads).flat_map(move |g| blocks(s.n).map(move |b| (s, g, b)))
+                    })
                     .collect();
                 let outs: Vec<Vec<f32>> = tasks
                     .par_iter()
-                    .map(|&(s, g)| {
-                        let mut sc = AttnScratch::default();
-                        let mut out = Vec::with_capacity(s.n * gw);
-                        self.attend_group(kv_ro, &qkv, l, s, g, tile, &mut sc, |_, o| {
-                            out.extend_from_slice(o)
-                        });
-                        out
+                    .map(|&(s, g, b)| {
+                        with_scratch(|sc| {
+                            self.gather_head(kv_ro, l, s, g, s.start + b.1, sc);
+                            self.attend_block(&qkv, s, g, b, sc);
+                            sc.o.clone()
+                        })
                     })
                     .collect();
-                for (&(s, g), o) in tasks.iter().zip(&outs) {
-                    put(s, g, 0, o);
+                for (&(s, g, (i0, _)), o) in tasks.iter().zip(&outs) {
+                    put(s, g, i0, o);
                 }
             } else {
                 for s in seqs {
                     for g in 0..self.kv_heads {
-                        self.attend_group(kv_ro, &qkv, l, s, g, tile, &mut sc, |i0, o| {
-                            put(s, g, i0, o)
-                        });
+                        // The sequence's keys and values of this KV head, f32, once.
+                        self.gather_head(kv_ro, l, s, g, s.start + s.n, &mut sc);
+                        for b in blocks(s.n) {
+                            self.attend_block(&qkv, s, g, b, &mut sc);
+                            put(s, g, b.0, &sc.o);
+                        }
                     }
                 }
             }
