@@ -17,6 +17,9 @@
 #      backend, also from 4 threads at once):
 #        cargo test --release --features cuda -p moonagent-validation --test compute_cuda --no-run
 #        cp target/release/deps/compute_cuda-<hash> .device-bin/compute_cuda
+#      and compute_timing (the host's attention on every core against serial, medians):
+#        cargo build --release -p moonagent-validation --example compute_timing
+#        cp target/release/examples/compute_timing .device-bin/
 #   3. validate profile --compute cuda --base h200 on the scaled model (qwen2.5-vl-tiny)
 #   4. validate all --compute cuda --base h200 --model qwen2.5-vl-7b: profile -> runs ->
 #      compare on the real model's shapes (random weights: 8.3 G f32 parameters, ~33 GB of
@@ -111,6 +114,8 @@ left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
 nvidia-smi > "$WORK/nvidia-smi.log" 2>&1
 TEST_BIN=$(dirname "$BIN")/compute_cuda
 [[ -x $TEST_BIN ]] && step test-cuda 60 "$TEST_BIN" --test-threads 1
+TIMING_BIN=$(dirname "$BIN")/compute_timing
+[[ -x $TIMING_BIN ]] && step timing 40 "$TIMING_BIN" 10
 step profile-tiny 90 "$BIN" validate profile --compute cuda --base h200 \
   --model qwen2.5-vl-tiny --out "$WORK/profile-tiny"
 ok_tiny=$?
@@ -144,7 +149,7 @@ fi
 for r in all-7b all-tiny; do
   [[ -f $WORK/$r/report.md ]] && cp "$WORK/$r/report.md" "$OUTDIR/report-$r.md"
 done
-for r in test-cuda profile-tiny; do
+for r in test-cuda timing profile-tiny; do
   [[ -f $WORK/$r.log ]] && cp "$WORK/$r.log" "$OUTDIR/$r.log"
 done
 tar czf "$OUTDIR/results.tgz" -C "$WORK" . 2>/dev/null
