@@ -127,8 +127,10 @@ fi
 if [[ $ok_tiny == 0 ]]; then
   # The real model's shapes first (what no CPU can run), then as much of the scaled
   # model's study as the time left allows.
-  [[ $(left) -gt 120 ]] && step all-7b $(( $(left) > 400 ? 300 : $(left) - 100 )) "$BIN" \
-    validate all --compute cuda --base h200 --model qwen2.5-vl-7b --requests 24 --repeats 1 \
+  # Its length is an estimate (~1 request/s of B3 capacity with host attention: ~60 s of
+  # profile and ~170 s of runs for 16 requests per run).
+  [[ $(left) -gt 120 ]] && step all-7b $(( $(left) > 440 ? 330 : $(left) - 110 )) "$BIN" \
+    validate all --compute cuda --base h200 --model qwen2.5-vl-7b --requests 16 --repeats 1 \
     --out "$WORK/all-7b"
   if [[ $(left) -gt 300 ]]; then reps=3; else reps=1; fi
   [[ $(left) -gt 110 ]] && step all-tiny-r$reps $(( $(left) - 10 )) "$BIN" validate all \
