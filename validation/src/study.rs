@@ -277,6 +277,9 @@ pub struct Study {
     pub runs: Vec<StudyRun>,
     /// Per mode and load: how close any simulator could come ([`Floor`]).
     pub floors: Vec<Floor>,
+    /// Runs the study planned (modes x loads x repeats); more than `runs.len()` in the
+    /// report written after each run while the study goes on.
+    pub runs_planned: usize,
 }
 
 /// What bounds the per-request error of one mode and load from below, measured beside its
@@ -365,6 +368,20 @@ pub fn run_study(
     let mut capacity = Vec::new();
     let mut runs = Vec::new();
     let mut floors = Vec::new();
+    let base_cfg = cpu_config(Mode::B3);
+    // What every report of this study says besides its runs.
+    let shell = Study {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        workers: base_cfg.encoders + base_cfg.prefills + base_cfg.decodes,
+        host_sched: cfg.host_sched,
+        compute: cfg.compute.clone(),
+        model: spec.name.clone(),
+        profile: fitted.clone(),
+        capacity_rps: Vec::new(),
+        runs: Vec::new(),
+        floors: Vec::new(),
+        runs_planned: cfg.modes.len() * cfg.loads.len() * cfg.repeats as usize,
+    };
     // Every request arriving at once: the simulated capacity of each mode.
     let (sat_trace, sat_bs) = generate(cfg.requests, 1e9, cfg.seed)?;
     for &mode in &cfg.modes {
@@ -419,6 +436,17 @@ pub fn run_study(
                     run: s,
                     comparison: c,
                 });
+                // The report so far, so a study stopped part-way still says what it
+                // measured.
+                write_report(
+                    out,
+                    &Study {
+                        capacity_rps: capacity.clone(),
+                        runs: runs.clone(),
+                        floors: floors.clone(),
+                        ..shell.clone()
+                    },
+                )?;
             }
             let group = &runs[first_run..];
             let mut repeat = (Vec::new(), Vec::new());
@@ -440,26 +468,26 @@ pub fn run_study(
             });
         }
     }
-    let base_cfg = cpu_config(Mode::B3);
     let study = Study {
-        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        workers: base_cfg.encoders + base_cfg.prefills + base_cfg.decodes,
-        host_sched: cfg.host_sched,
-        compute: cfg.compute.clone(),
-        model: spec.name.clone(),
         profile: fitted,
         capacity_rps: capacity,
         runs,
         floors,
+        ..shell
     };
     let cs: Vec<Comparison> = study.runs.iter().map(|r| r.comparison.clone()).collect();
     crate::compare::write(out, "simulated vs measured", &cs)?;
-    let p = out.join("report.md");
-    std::fs::write(&p, report(&study)).map_err(|e| MeasureError::writing(&p, e))?;
-    let p = out.join("study.json");
-    let text = serde_json::to_string_pretty(&study).map_err(|e| MeasureError::writing(&p, e))?;
-    std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))?;
+    write_report(out, &study)?;
     Ok(study)
+}
+
+/// `report.md` and `study.json` of `st` in `out`.
+fn write_report(out: &Path, st: &Study) -> Result<(), MeasureError> {
+    let p = out.join("report.md");
+    std::fs::write(&p, report(st)).map_err(|e| MeasureError::writing(&p, e))?;
+    let p = out.join("study.json");
+    let text = serde_json::to_string_pretty(st).map_err(|e| MeasureError::writing(&p, e))?;
+    std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))
 }
 
 /// The median of `v` (the upper one of an even count); `None` when empty.
@@ -630,8 +658,16 @@ fn stretch_text(s: [f64; 3]) -> String {
 
 /// The study's report.
 pub fn report(st: &Study) -> String {
-    let mut s =
-        String::from("# moonagent validate: simulated vs measured\n\n## Operator profile\n\n");
+    let mut s = String::from("# moonagent validate: simulated vs measured\n\n");
+    if st.runs.len() < st.runs_planned {
+        s.push_str(&format!(
+            "**Partial: {} of {} runs**, written while the study was running (a study \
+             stopped part-way leaves this).\n\n",
+            st.runs.len(),
+            st.runs_planned
+        ));
+    }
+    s.push_str("## Operator profile\n\n");
     s.push_str(&profile_markdown(&st.profile));
     s.push_str(&format!(
         "\n## Runs\n\nModel `{}`; operators on `{}`; {} compute workers (threads) on {} cores, scheduled by {}{}. Step stretch E/P/D: median measured / profiled time of the run's encode, prefill and decode steps (1.00: as fast as profiled alone).\n\n",
