@@ -469,7 +469,6 @@ pub fn run_study(
         }
     }
     let study = Study {
-        profile: fitted,
         capacity_rps: capacity,
         runs,
         floors,

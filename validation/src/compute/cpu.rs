@@ -19,40 +19,6 @@ use super::{
 /// f32 weights. The real checkpoints' specs are refused instead of exhausting memory.
 pub const MAX_PARAMS: u64 = 1 << 28;
 
-/// `f(0), f(1), ..., f(n - 1)` computed on the host's cores (up to one thread each), in
-/// index order. A panic in `f` is raised again here.
-fn par_map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |c| c.get())
-        .min(n);
-    if threads <= 1 {
-        return (0..n).map(f).collect();
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut done: Vec<(usize, T)> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= n {
-                            return mine;
-                        }
-                        mine.push((i, f(i)));
-                    }
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    });
-    done.sort_unstable_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, t)| t).collect()
-}
-
 /// `f` with this thread's attention scratch: a parallel attention task reuses its thread's
 /// buffers (a fresh `rows x keys` score matrix per task costs more in page faults and
 /// zeroing than the task's GEMMs).
@@ -203,29 +169,36 @@ impl CpuCompute {
         // Every tensor draws from a stream of its own name, so building them on all cores
         // at once gives the same weights as one by one (a real checkpoint's shapes take
         // minutes on one core).
-        let (embed, layers) = std::thread::scope(|s| {
-            let embed = s.spawn(|| {
+        let (embed, layers) = rayon::join(
+            || {
                 normal(
                     &mut Rng::stream(seed, &name("llm.embed_tokens")),
                     vocab * hidden,
                 )
-            });
-            let layers = par_map(l.num_hidden_layers as usize, |i| {
-                let t = |s: &str| name(&format!("llm.layers.{i}.{s}"));
-                LlmLayer {
-                    ln1: ones(hidden),
-                    qkv: Linear::random(seed, &t("qkv"), hidden, q_dim + 2 * kv_dim, l.qkv_bias),
-                    o: Linear::random(seed, &t("o_proj"), q_dim, hidden, false),
-                    ln2: ones(hidden),
-                    gate_up: Linear::random(seed, &t("gate_up"), hidden, 2 * inter, false),
-                    down: Linear::random(seed, &t("down_proj"), inter, hidden, false),
-                }
-            });
-            let embed = embed
-                .join()
-                .unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (embed, layers)
-        });
+            },
+            || {
+                (0..l.num_hidden_layers as usize)
+                    .into_par_iter()
+                    .map(|i| {
+                        let t = |s: &str| name(&format!("llm.layers.{i}.{s}"));
+                        LlmLayer {
+                            ln1: ones(hidden),
+                            qkv: Linear::random(
+                                seed,
+                                &t("qkv"),
+                                hidden,
+                                q_dim + 2 * kv_dim,
+                                l.qkv_bias,
+                            ),
+                            o: Linear::random(seed, &t("o_proj"), q_dim, hidden, false),
+                            ln2: ones(hidden),
+                            gate_up: Linear::random(seed, &t("gate_up"), hidden, 2 * inter, false),
+                            down: Linear::random(seed, &t("down_proj"), inter, hidden, false),
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            },
+        );
         let lm_head = if l.tie_word_embeddings {
             // The head is the embedding table, transposed to hidden x vocab.
             let mut w = vec![0.0; hidden * vocab];
@@ -248,18 +221,21 @@ impl CpuCompute {
         let p = v.patch_size as usize;
         let patch_len = v.in_channels as usize * v.temporal_patch_size as usize * p * p;
         let merge = spec.patches_per_visual_token() as usize;
-        let blocks = par_map(v.depth as usize, |i| {
-            let t = |s: &str| name(&format!("visual.blocks.{i}.{s}"));
-            VitBlock {
-                ln1: ones(v_hidden),
-                qkv: Linear::random(seed, &t("qkv"), v_hidden, 3 * v_hidden, true),
-                proj: Linear::random(seed, &t("proj"), v_hidden, v_hidden, true),
-                ln2: ones(v_hidden),
-                gate_up: Linear::random(seed, &t("gate_up"), v_hidden, 2 * v_inter, true),
-                down: Linear::random(seed, &t("down_proj"), v_inter, v_hidden, true),
-                full: v.fullatt_block_indexes.contains(&(i as u32)),
-            }
-        });
+        let blocks = (0..v.depth as usize)
+            .into_par_iter()
+            .map(|i| {
+                let t = |s: &str| name(&format!("visual.blocks.{i}.{s}"));
+                VitBlock {
+                    ln1: ones(v_hidden),
+                    qkv: Linear::random(seed, &t("qkv"), v_hidden, 3 * v_hidden, true),
+                    proj: Linear::random(seed, &t("proj"), v_hidden, v_hidden, true),
+                    ln2: ones(v_hidden),
+                    gate_up: Linear::random(seed, &t("gate_up"), v_hidden, 2 * v_inter, true),
+                    down: Linear::random(seed, &t("down_proj"), v_inter, v_hidden, true),
+                    full: v.fullatt_block_indexes.contains(&(i as u32)),
+                }
+            })
+            .collect();
         let m = merge * v_hidden;
         Ok(Self {
             spec: spec.clone(),
