@@ -89,18 +89,43 @@ const UNLINKED: Link = Link {
     next: NIL,
 };
 
-/// An intrusive list of slots in ascending key order.
+/// An intrusive list of slots in ascending key order; empty when `head == NIL`. The tail's
+/// key is kept beside it, so that filing compares the runs' tails without reading their
+/// entries.
 #[derive(Debug, Clone, Copy)]
 struct Run {
     head: u32,
     tail: u32,
+    tail_key: (Nanos, u64),
+}
+
+const NO_RUN: Run = Run {
+    head: NIL,
+    tail: NIL,
+    tail_key: (0, 0),
+};
+
+impl Run {
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.head == NIL
+    }
 }
 
 /// One class: its entries, in key order within each of its runs and an ordered set.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Class {
-    runs: [Option<Run>; RUNS],
+    runs: [Run; RUNS],
     set: BTreeSet<(Nanos, u64, u32)>,
+}
+
+impl Default for Class {
+    fn default() -> Self {
+        Self {
+            runs: [NO_RUN; RUNS],
+            set: BTreeSet::new(),
+        }
+    }
 }
 
 /// The store's index of eviction candidates (see the module docs).
@@ -202,7 +227,24 @@ impl VictimIndex {
             NOT_INDEXED,
             "slot {id:?} reused"
         );
-        self.update(id, m);
+        if self.slots[id.index()].class != NOT_INDEXED {
+            // A slot filed twice (a caller's bug): `update` re-files it.
+            return self.update(id, m);
+        }
+        // A fresh slot: what `update` does for an unfiled entry, without its comparisons.
+        if !indexable(m) {
+            return;
+        }
+        let class = self.class_of(m.data_type.index(), m.soft_pin_until);
+        if let Some(t) = m.soft_pin_until {
+            self.pins.insert((t, id.0));
+            self.pin_of[id.index()] = t;
+        }
+        let e = &mut self.slots[id.index()];
+        e.lease = m.lease_timeout;
+        e.seq = m.insert_seq;
+        e.pinned = m.soft_pin_until.is_some();
+        self.file(id.0, class);
     }
 
     /// `m` (live) changed: completion, lease or pin. Re-files it: O(1) when its key did not
@@ -248,37 +290,36 @@ impl VictimIndex {
     #[inline]
     fn file(&mut self, id: u32, class: u8) {
         let key = self.key(id);
-        let c = &self.classes[class as usize];
+        let c = &mut self.classes[class as usize];
         let (mut best, mut best_tail, mut empty) = (RUNS, (0, 0), RUNS);
         for (r, run) in c.runs.iter().enumerate() {
-            match run {
-                None => {
-                    if empty == RUNS {
-                        empty = r;
-                    }
+            if run.is_empty() {
+                if empty == RUNS {
+                    empty = r;
                 }
-                Some(run) => {
-                    let tail = self.key(run.tail);
-                    if tail <= key && (best == RUNS || tail > best_tail) {
-                        (best, best_tail) = (r, tail);
-                    }
-                }
+            } else if run.tail_key <= key && (best == RUNS || run.tail_key > best_tail) {
+                (best, best_tail) = (r, run.tail_key);
             }
         }
         let r = if best < RUNS { best } else { empty };
-        let c = &mut self.classes[class as usize];
         let e = &mut self.slots[id as usize];
         e.class = class;
         e.place = r as u8;
         let mut link = UNLINKED;
         match c.runs.get_mut(r) {
-            Some(Some(run)) => {
+            Some(run) if !run.is_empty() => {
                 link.prev = run.tail;
-                let tail = run.tail;
+                self.links[run.tail as usize].next = id;
                 run.tail = id;
-                self.links[tail as usize].next = id;
+                run.tail_key = key;
             }
-            Some(run) => *run = Some(Run { head: id, tail: id }),
+            Some(run) => {
+                *run = Run {
+                    head: id,
+                    tail: id,
+                    tail_key: key,
+                }
+            }
             None => {
                 c.set.insert((key.0, key.1, id));
             }
@@ -296,10 +337,8 @@ impl VictimIndex {
             debug_assert!(found, "slot {id} missing from class {}", e.class);
             return;
         }
-        let Some(run) = c.runs[e.place as usize].as_mut() else {
-            debug_assert!(false, "slot {id} in an empty run");
-            return;
-        };
+        let run = &mut c.runs[e.place as usize];
+        debug_assert!(!run.is_empty(), "slot {id} in an empty run");
         let l = self.links[id as usize];
         if l.prev == NIL {
             run.head = l.next;
@@ -308,14 +347,18 @@ impl VictimIndex {
         }
         if l.next == NIL {
             run.tail = l.prev;
+            if l.prev == NIL {
+                *run = NO_RUN;
+            } else {
+                let p = &self.slots[l.prev as usize];
+                run.tail_key = (p.lease, p.seq);
+            }
         } else {
             self.links[l.next as usize].prev = l.prev;
         }
-        if run.head == NIL {
-            c.runs[e.place as usize] = None;
-        }
     }
 
+    #[inline]
     fn unfile(&mut self, id: ObjId) {
         let e = self.slots[id.index()];
         if e.class == NOT_INDEXED {
@@ -348,6 +391,7 @@ impl VictimIndex {
     }
 
     /// The slot is about to be freed (`m` is its meta before the free).
+    #[inline]
     pub fn on_free(&mut self, id: ObjId, m: &ObjectMeta) {
         self.resident_bytes[m.data_type.index()] -= m.size;
         self.unfile(id);
@@ -398,8 +442,8 @@ impl VictimIndex {
         debug_assert_eq!(self.pin_now, now, "sync_pins({now}) not called");
         let c = &self.classes[ty * 2 + usize::from(soft)];
         let mut set = c.set.iter();
-        let set_head = set.next().copied();
-        let runs = c.runs.map(|r| r.map_or(NIL, |r| r.head));
+        let set_head = set.next().copied().unwrap_or(PAST_TAIL);
+        let runs = c.runs.map(|r| r.head);
         // Start each run's lookahead `WALK_AHEAD` entries past its head, fetching the
         // entries and metadata on the way.
         let ahead = runs.map(|mut id| {
@@ -412,12 +456,14 @@ impl VictimIndex {
             }
             id
         });
+        let h = runs.map(|id| self.head(id));
         Candidates {
             index: self,
-            heads: runs.map(|id| self.head(id)),
+            heads: [h[0], h[1], h[2], set_head],
             ahead,
             set,
-            set_head,
+            cur: 0,
+            limit: (0, 0, 0),
             now,
             objects,
         }
@@ -467,7 +513,9 @@ impl VictimIndex {
         let mut in_classes = 0usize;
         for (k, c) in self.classes.iter().enumerate() {
             for (r, run) in c.runs.iter().enumerate() {
-                let Some(run) = run else { continue };
+                if run.is_empty() {
+                    continue;
+                }
                 let (mut id, mut prev, mut last) = (run.head, NIL, None);
                 while id != NIL {
                     let e = self.slots.get(id as usize).copied().unwrap_or(EMPTY);
@@ -488,6 +536,13 @@ impl VictimIndex {
                 }
                 if prev != run.tail {
                     return Err(violation!("S11", "run {r} of class {k}: wrong tail"));
+                }
+                if last != Some(run.tail_key) {
+                    return Err(violation!(
+                        "S11",
+                        "run {r} of class {k}: tail key {:?}, its tail's key {last:?}",
+                        run.tail_key
+                    ));
                 }
             }
             for &(lease, seq, id) in &c.set {
@@ -541,15 +596,45 @@ impl VictimIndex {
 #[derive(Debug, Clone)]
 pub struct Candidates<'a> {
     index: &'a VictimIndex,
-    /// Per run, its head and the head's key (`VictimIndex::head`), kept so that picking
-    /// the smallest head reads no entry.
-    heads: [(Nanos, u64, u32); RUNS],
+    /// Per source (the runs, then the set at `RUNS`), its head with the head's key
+    /// (`VictimIndex::head`; `PAST_TAIL` once exhausted), kept so that picking the smallest
+    /// head reads no entry.
+    heads: [(Nanos, u64, u32); RUNS + 1],
     /// Per run, the entry `WALK_AHEAD` places past its head (`NIL` past the tail).
     ahead: [u32; RUNS],
     set: btree_set::Iter<'a, (Nanos, u64, u32)>,
-    set_head: Option<(Nanos, u64, u32)>,
+    /// The source the last pick chose and the smallest head of the others then: while
+    /// `cur`'s head stays below `limit` it is still the smallest (only `cur` advanced), so
+    /// a stream of victims from one run is taken without comparing heads. A `limit` of
+    /// `(0, 0, 0)` forces a pick.
+    cur: usize,
+    limit: (Nanos, u64, u32),
     now: Nanos,
     objects: &'a [ObjectMeta],
+}
+
+impl Candidates<'_> {
+    /// The source with the smallest head (runs before the set, lower runs first, on equal
+    /// heads; a source past its tail only when every one is), remembered as `cur` with the
+    /// smallest of the other heads as `limit`.
+    #[inline]
+    fn pick(&mut self) -> usize {
+        let mut from = 0;
+        for r in 1..=RUNS {
+            if self.heads[r] < self.heads[from] {
+                from = r;
+            }
+        }
+        let mut limit = PAST_TAIL;
+        for r in 0..=RUNS {
+            if r != from && self.heads[r] < limit {
+                limit = self.heads[r];
+            }
+        }
+        self.cur = from;
+        self.limit = limit;
+        from
+    }
 }
 
 impl Iterator for Candidates<'_> {
@@ -558,32 +643,23 @@ impl Iterator for Candidates<'_> {
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            // The smallest of the heads (the runs' and the set's); a run past its tail is
-            // picked only when every source is.
-            let mut from = 0;
-            for r in 1..RUNS {
-                if self.heads[r] < self.heads[from] {
-                    from = r;
-                }
-            }
-            let mut best = self.heads[from];
-            if let Some(h) = self.set_head {
-                if h < best {
-                    (best, from) = (h, RUNS);
-                }
-            }
-            let (lease, seq, id) = best;
+            let from = if self.heads[self.cur] < self.limit {
+                self.cur
+            } else {
+                self.pick()
+            };
+            let (lease, seq, id) = self.heads[from];
             if id == NIL {
                 return None;
             }
             if lease > self.now {
                 // Every later entry's lease is later still.
-                self.heads = [PAST_TAIL; RUNS];
-                self.set_head = None;
+                self.heads = [PAST_TAIL; RUNS + 1];
+                self.limit = PAST_TAIL;
                 return None;
             }
             if from == RUNS {
-                self.set_head = self.set.next().copied();
+                self.heads[RUNS] = self.set.next().copied().unwrap_or(PAST_TAIL);
             } else {
                 self.heads[from] = self.index.head(self.index.links[id as usize].next);
                 // The walk is over the oldest (coldest) entries: fetch the entry and
@@ -613,6 +689,11 @@ pub(crate) struct Merge<'a, K, F> {
     streams: [Candidates<'a>; DataType::COUNT],
     heads: [Option<(K, ObjId)>; DataType::COUNT],
     key: F,
+    /// As in [`Candidates`]: the stream the last pick chose and the smallest key of the
+    /// others' heads then (`None`: all others exhausted); valid once `picked`.
+    cur: usize,
+    limit: Option<K>,
+    picked: bool,
 }
 
 impl<'a, K: Ord + Copy, F: FnMut(usize, Nanos, u64, ObjId) -> K> Merge<'a, K, F> {
@@ -623,6 +704,9 @@ impl<'a, K: Ord + Copy, F: FnMut(usize, Nanos, u64, ObjId) -> K> Merge<'a, K, F>
             streams,
             heads: [None; DataType::COUNT],
             key,
+            cur: 0,
+            limit: None,
+            picked: false,
         };
         for t in 0..DataType::COUNT {
             m.refill(t);
@@ -636,6 +720,32 @@ impl<'a, K: Ord + Copy, F: FnMut(usize, Nanos, u64, ObjId) -> K> Merge<'a, K, F>
             .next()
             .map(|(lease, seq, id)| ((self.key)(t, lease, seq, id), id));
     }
+
+    /// The stream with the smallest head (the lowest type on equal keys), remembered as
+    /// `cur` with the smallest key of the other heads as `limit`; `None` when all are
+    /// exhausted.
+    #[inline]
+    fn pick(&mut self) -> Option<usize> {
+        let mut best: Option<(usize, K)> = None;
+        for (t, h) in self.heads.iter().enumerate() {
+            if let Some((k, _)) = *h {
+                if best.is_none_or(|(_, bk)| k < bk) {
+                    best = Some((t, k));
+                }
+            }
+        }
+        let (t, _) = best?;
+        let mut limit: Option<K> = None;
+        for (u, h) in self.heads.iter().enumerate() {
+            if let Some((k, _)) = *h {
+                if u != t && limit.is_none_or(|l| k < l) {
+                    limit = Some(k);
+                }
+            }
+        }
+        (self.cur, self.limit, self.picked) = (t, limit, true);
+        Some(t)
+    }
 }
 
 impl<K: Ord + Copy, F: FnMut(usize, Nanos, u64, ObjId) -> K> Iterator for Merge<'_, K, F> {
@@ -643,15 +753,12 @@ impl<K: Ord + Copy, F: FnMut(usize, Nanos, u64, ObjId) -> K> Iterator for Merge<
 
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        let mut best: Option<(usize, K, ObjId)> = None;
-        for (t, h) in self.heads.iter().enumerate() {
-            if let Some((k, id)) = *h {
-                if best.is_none_or(|(_, bk, _)| k < bk) {
-                    best = Some((t, k, id));
-                }
-            }
-        }
-        let (t, _, id) = best?;
+        let fast = match self.heads[self.cur] {
+            Some((k, _)) => self.picked && self.limit.is_none_or(|l| k < l),
+            None => false,
+        };
+        let t = if fast { self.cur } else { self.pick()? };
+        let (_, id) = self.heads[t]?;
         self.refill(t);
         Some((t, id))
     }
@@ -701,7 +808,10 @@ mod tests {
     fn run_ends(c: &Class) -> Vec<(u32, u32)> {
         c.runs
             .iter()
-            .map(|r| r.map(|r| (r.head, r.tail)).expect("an open run"))
+            .map(|r| {
+                assert!(!r.is_empty(), "an open run");
+                (r.head, r.tail)
+            })
             .collect()
     }
 
@@ -752,7 +862,7 @@ mod tests {
     fn check_rejects_every_kind_of_corruption() {
         let (ix0, o0) = fixture();
         type Corrupt = fn(&mut VictimIndex, &mut Vec<ObjectMeta>);
-        let cases: [(&str, &str, Corrupt); 18] = [
+        let cases: [(&str, &str, Corrupt); 19] = [
             ("indexed but not indexable", "not indexable", |_, o| {
                 o[0].complete = false
             }),
@@ -798,7 +908,10 @@ mod tests {
                 o[3].lease_timeout = 60;
             }),
             ("run with a wrong tail", "wrong tail", |ix, _| {
-                ix.classes[0].runs[0].as_mut().unwrap().tail = 0;
+                ix.classes[0].runs[0].tail = 0;
+            }),
+            ("run with a stale tail key", "tail key", |ix, _| {
+                ix.classes[0].runs[0].tail_key = (199, 3);
             }),
             (
                 "set entry of another class",
