@@ -527,29 +527,29 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         }
     }
 
+    #[inline]
     fn free_slot(&mut self, id: ObjId) {
-        self.policy.on_remove(id, &self.metas[id.index()]);
+        let i = id.index();
+        let m = &self.metas[i];
+        self.policy.on_remove(id, m);
         if let Some(ix) = &mut self.vindex {
-            ix.on_free(id, &self.metas[id.index()]);
+            ix.on_free(id, m);
         }
-        let slot = &mut self.slots[id.index()];
+        let (size, ty, key_hash) = (m.size, m.data_type.index(), m.key_hash);
+        let slot = &mut self.slots[i];
+        slot.payload = None;
         if slot.key.take().is_some() {
             // Filed under its key's hash: found by slot number, the key is not read.
-            if let Ok(e) = self
-                .index
-                .find_entry(self.metas[id.index()].key_hash, |&x| x == id)
-            {
+            if let Ok(e) = self.index.find_entry(key_hash, |&x| x == id) {
                 e.remove();
             }
         }
-        slot.payload = None;
-        let m = &mut self.metas[id.index()];
-        let t = &mut self.stats.by_type[m.data_type.index()];
+        let t = &mut self.stats.by_type[ty];
         t.resident -= 1;
-        t.resident_bytes -= m.size;
-        self.used_bytes -= m.size;
+        t.resident_bytes -= size;
+        self.used_bytes -= size;
         self.objects -= 1;
-        *m = EMPTY_META;
+        self.metas[i] = EMPTY_META;
         self.free.push(id);
     }
 
@@ -563,12 +563,12 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         hints: AccessHints,
     ) -> StoreResult<ObjId> {
         self.advance(now);
-        let r = self.put_start_inner(now, key, size, cfg, hints, false);
+        let r = self.put_start_inner(now, key, size, cfg, hints, None);
         self.settle(now);
         r
     }
 
-    /// Reserve `key` (a put start), or with `complete` the whole put: the object is then
+    /// Reserve `key` (a put start), or with `payload` the whole put: the object is then
     /// complete from its first filing (its lease is its put time either way), so the
     /// victim index files it once.
     fn put_start_inner(
@@ -578,28 +578,59 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         size: u64,
         cfg: &ReplicateConfig,
         hints: AccessHints,
-        complete: bool,
+        payload: Option<Payload>,
     ) -> StoreResult<ObjId> {
         let key_hash = FxBuildHasher.hash_one(&key);
-        if let Some(id) = self.find_hashed(key_hash, &key) {
-            let m = &self.metas[id.index()];
-            if m.complete
-                || now
-                    < m.put_time
-                        .saturating_add(self.cfg.put_start_discard_timeout_ns)
-            {
-                self.stats.put_exists += 1;
-                return Err(StoreError::AlreadyExists);
+        let slots = &self.slots;
+        let metas = &self.metas;
+        // One probe finds the key or the place its slot number goes.
+        let vacant = match self.index.entry(
+            key_hash,
+            |id| slots[id.index()].key.as_ref() == Some(&key),
+            |x| metas[x.index()].key_hash,
+        ) {
+            hashbrown::hash_table::Entry::Vacant(v) => Some(v),
+            hashbrown::hash_table::Entry::Occupied(o) => {
+                let id = *o.get();
+                let m = &self.metas[id.index()];
+                if m.complete
+                    || now
+                        < m.put_time
+                            .saturating_add(self.cfg.put_start_discard_timeout_ns)
+                {
+                    self.stats.put_exists += 1;
+                    return Err(StoreError::AlreadyExists);
+                }
+                // A put abandoned for longer than the discard timeout: replace it.
+                self.free_slot(id);
+                None
             }
-            // A put abandoned for longer than the discard timeout: replace it.
-            self.free_slot(id);
-        }
+        };
         if self.used_bytes.saturating_add(size) > self.cfg.capacity_bytes {
             self.need_eviction = true;
             self.stats.by_type[cfg.data_type.index()].put_no_space += 1;
             return Err(StoreError::NoAvailableHandle);
         }
+        let id = match self.free.last() {
+            Some(&id) => id,
+            None => {
+                ObjId(u32::try_from(self.slots.len()).map_err(|_| StoreError::NoAvailableHandle)?)
+            }
+        };
+        // The slot is taken: file it under its key (a vacant entry from the probe above,
+        // else a fresh insert after the replaced put's removal).
+        match vacant {
+            Some(v) => {
+                v.insert(id);
+            }
+            None => {
+                let metas = &self.metas;
+                self.index
+                    .insert_unique(key_hash, id, |x| metas[x.index()].key_hash);
+            }
+        }
         let seq = self.next_seq();
+        let complete = payload.is_some();
         let meta = ObjectMeta {
             live: true,
             size,
@@ -619,35 +650,27 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
             hints,
             key_hash,
         };
-        let id = match self.free.pop() {
-            Some(id) => {
-                self.slots[id.index()] = Slot {
-                    key: Some(key),
-                    payload: None,
-                };
-                self.metas[id.index()] = meta;
-                id
-            }
-            None => {
-                let id = ObjId(
-                    u32::try_from(self.slots.len()).map_err(|_| StoreError::NoAvailableHandle)?,
-                );
-                self.slots.push(Slot {
-                    key: Some(key),
-                    payload: None,
-                });
-                self.metas.push(meta);
-                id
-            }
+        let slot = Slot {
+            key: Some(key),
+            payload,
         };
-        let metas = &self.metas;
-        self.index
-            .insert_unique(key_hash, id, |x| metas[x.index()].key_hash);
+        if id.index() < self.slots.len() {
+            self.free.pop();
+            self.slots[id.index()] = slot;
+            self.metas[id.index()] = meta;
+        } else {
+            self.slots.push(slot);
+            self.metas.push(meta);
+        }
         self.used_bytes += size;
         self.objects += 1;
         let t = &mut self.stats.by_type[cfg.data_type.index()];
         t.resident += 1;
         t.resident_bytes += size;
+        if complete {
+            t.puts += 1;
+            t.put_bytes += size;
+        }
         self.policy.on_insert(id, &self.metas[id.index()]);
         if let Some(ix) = &mut self.vindex {
             ix.on_live(id, &self.metas[id.index()]);
@@ -721,14 +744,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         hints: AccessHints,
     ) -> StoreResult<ObjId> {
         self.advance(now);
-        let r = self.put_start_inner(now, key, payload.len(), cfg, hints, true);
-        if let Ok(id) = r {
-            let m = &self.metas[id.index()];
-            let t = &mut self.stats.by_type[m.data_type.index()];
-            t.puts += 1;
-            t.put_bytes += m.size;
-            self.slots[id.index()].payload = Some(payload);
-        }
+        let r = self.put_start_inner(now, key, payload.len(), cfg, hints, Some(payload));
         self.settle(now);
         r
     }
