@@ -11,6 +11,7 @@ use crate::store::{DataType, Payload, ReplicateConfig, Store, StoreError, StoreK
 
 use super::decode::{DecodeBatch, Leaving, StepOutcome};
 use super::kv_prefix::{self, BlockStore, Publish};
+use super::memo::Memo;
 use super::record::{RequestRecord, NONE};
 use super::request::{images_of, Img, RequestView};
 use super::{
@@ -28,6 +29,9 @@ struct JobState {
     prompt: u32,
     decode_left: u32,
     images: Vec<Img>,
+    /// The content-addressed fingerprint of each kept image, from its lookup (cache modes;
+    /// its commit reuses it instead of hashing the image again).
+    fps: Vec<ImageFp>,
     pending_images: u32,
     load_bytes: u64,
     cached_prefix: u32,
@@ -180,8 +184,13 @@ pub struct Engine<'a, S: Store, R: RequestView> {
     fp_starts: FpStarts,
 }
 
-/// Image fingerprints by (model, content, grid) for content-addressed keys.
-type FpMemo = rustc_hash::FxHashMap<([u8; 32], u64, u64, u64, u64), ImageFp>;
+/// Image fingerprints by (model, content, grid) for content-addressed keys, the last of
+/// each slot kept ([`Memo`]: bounded, so a long trace does not grow it).
+type FpMemo = Memo<([u8; 32], u64, u64, u64, u64), ImageFp>;
+
+/// Slots of [`FpMemo`] (2^12 = 4,096: ~400 KiB, within a core's L2 next to the store's
+/// hot lines).
+const FP_MEMO_BITS: u32 = 12;
 
 /// Started image hashers by (model, grid): the header every fingerprint of that model and
 /// grid begins with, hashed once and cloned per image.
@@ -392,7 +401,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             ctxs: Vec::new(),
             counters: Counters::default(),
             step_out: StepOutcome::default(),
-            fp_memo: Default::default(),
+            fp_memo: Memo::new(FP_MEMO_BITS),
             actions: Vec::new(),
             draining: false,
             blocks_missing: Vec::new(),
@@ -666,6 +675,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             prompt,
             decode_left,
             images,
+            fps: Vec::new(),
             pending_images: 0,
             load_bytes: 0,
             cached_prefix: 0,
@@ -758,6 +768,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         // The images kept (every first reference of a content) are compacted to the front
         // of the job's own list, in order: `images[..kept]`.
         let mut images = std::mem::take(&mut self.jobs[job as usize].images);
+        let mut fps = std::mem::take(&mut self.jobs[job as usize].fps);
+        fps.clear();
         let mut kept = 0;
         let top = self.jobs[job as usize].top as usize;
         let tenant = self.trace[self.jobs[job as usize].trace_idx as usize].tenant();
@@ -778,7 +790,9 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
             let bytes = u64::from(img.tokens) * self.cfg.encoder_bytes_per_token;
             let hit = if cache {
-                self.lookup(now, tenant, &img)?
+                let (fp, hit) = self.lookup(now, tenant, &img)?;
+                fps.push(fp);
+                hit.then_some(fp)
             } else {
                 None
             };
@@ -811,6 +825,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         }
         images.truncate(kept);
         self.jobs[job as usize].images = images;
+        self.jobs[job as usize].fps = fps;
         for &w in &to_kick {
             self.kick(now, w)?;
         }
@@ -821,14 +836,14 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         Ok(())
     }
 
-    /// A validated lookup of `img`'s embedding (a probe: counted as hit or miss); its
-    /// fingerprint on a hit.
+    /// A validated lookup of `img`'s embedding (a probe: counted as hit or miss): its
+    /// fingerprint, and whether it hit.
     fn lookup(
         &mut self,
         now: Nanos,
         tenant: u32,
         img: &Img,
-    ) -> Result<Option<ImageFp>, ServeError> {
+    ) -> Result<(ImageFp, bool), ServeError> {
         let ctx = &self.ctxs[tenant as usize];
         let fp = image_fp(&mut self.fp_memo, &mut self.fp_starts, ctx, img, None)?;
         let exp = ctx
@@ -842,7 +857,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
         };
         let r = r.map_err(|e| ServeError::Cache("cache lookup", e))?;
-        Ok(matches!(r, Lookup::Hit { .. }).then_some(fp))
+        Ok((fp, matches!(r, Lookup::Hit { .. })))
     }
 
     /// Open a read of `key` for `job` that lasts until its load completes (S2 at the
@@ -885,13 +900,15 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         let tenant = self.trace[self.jobs[job as usize].trace_idx as usize].tenant();
         self.ensure_ctx(tenant)?;
         let ctx = &self.ctxs[tenant as usize];
-        // B1 keys are request-scoped (no cross-request reuse); B2+ are content-addressed.
-        let scope = if self.cfg.mode.cache() {
-            None
-        } else {
-            Some(u64::from(job))
+        // B1 keys are request-scoped (no cross-request reuse); B2+ are content-addressed,
+        // and the image's lookup computed its fingerprint already.
+        let fp = match self.jobs[job as usize].fps.get(idx as usize) {
+            Some(&fp) if self.cfg.mode.cache() => fp,
+            _ => {
+                let scope = (!self.cfg.mode.cache()).then_some(u64::from(job));
+                image_fp(&mut self.fp_memo, &mut self.fp_starts, ctx, &img, scope)?
+            }
         };
-        let fp = image_fp(&mut self.fp_memo, &mut self.fp_starts, ctx, &img, scope)?;
         let exp = ctx
             .expect(img.grid)
             .map_err(|e| ServeError::Cache("image grid", e))?;

@@ -33,6 +33,7 @@
 pub mod decode;
 mod engine;
 pub mod kv_prefix;
+mod memo;
 mod record;
 mod request;
 pub mod toy;
