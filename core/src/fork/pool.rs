@@ -189,12 +189,20 @@ impl PoolCore {
 
     /// A new sequence holding `tokens` tokens of prefill in fresh private pages.
     pub fn allocate(&mut self, tokens: u64) -> Result<SeqId, ForkError> {
+        self.allocate_for(tokens, tokens)
+    }
+
+    /// [`PoolCore::allocate`] of a sequence expected to grow to `expect_tokens`: the same
+    /// pages and state, its block table's memory reserved for that length at once (a
+    /// decode that appends page by page then never reallocates it). Only memory differs.
+    pub fn allocate_for(&mut self, tokens: u64, expect_tokens: u64) -> Result<SeqId, ForkError> {
         let needed = self.cfg.pages_for(tokens);
         self.check_free(needed)?;
         if !self.can_insert(1) {
             return Err(ForkError::Overflow("sequence slots"));
         }
-        let mut table = Vec::with_capacity(needed as usize);
+        let reserve = self.cfg.pages_for(expect_tokens.max(tokens)).min(1 << 20);
+        let mut table = Vec::with_capacity(reserve as usize);
         for _ in 0..needed {
             table.push(Self::alloc_page(&mut self.free, &mut self.refcounts));
         }
@@ -483,6 +491,12 @@ impl PoolCore {
             pages_dropped: seq.table.len() as u32,
             pages_freed,
         })
+    }
+
+    /// The memory reserved for `id`'s block table, in pages (tests of `allocate_for`).
+    #[cfg(test)]
+    pub(crate) fn table_capacity(&self, id: SeqId) -> Result<usize, ForkError> {
+        Ok(self.seq(id)?.table.capacity())
     }
 
     /// The block table of `seq`.

@@ -659,3 +659,24 @@ fn only_admission_rejects_fall_back_to_prefill() {
         assert!(!e.falls_back_to_prefill(), "{e:?}");
     }
 }
+
+/// `allocate_for` reserves memory only: the same pages, state and outcomes as `allocate`
+/// through a decode's appends, with the block table reserved for the expected length.
+#[test]
+fn allocate_for_differs_from_allocate_in_memory_only() {
+    let cfg = PoolConfig::new(64, BS, 10);
+    let (mut a, mut b) = (PoolCore::new(cfg).unwrap(), PoolCore::new(cfg).unwrap());
+    let sa = a.allocate(6).unwrap();
+    let sb = b.allocate_for(6, 6 + 40).unwrap();
+    assert_eq!(sa, sb);
+    assert!(b.table_capacity(sb).unwrap() >= 12);
+    assert!(a.table_capacity(sa).unwrap() < 12);
+    for _ in 0..40 {
+        assert_eq!(a.append(sa, 1).unwrap(), b.append(sb, 1).unwrap());
+    }
+    assert_eq!(a.table(sa).unwrap(), b.table(sb).unwrap());
+    assert_eq!(a.stats(), b.stats());
+    // An expectation below the length reserves what the length needs.
+    let s = b.allocate_for(9, 1).unwrap();
+    assert_eq!(b.table(s).unwrap().len(), 3);
+}

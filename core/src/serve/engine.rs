@@ -21,6 +21,22 @@ use super::{
 
 type Nanos = u64;
 
+/// An image of a job, with its content-addressed fingerprint once its lookup computed it
+/// (cache modes; its commit reuses it instead of hashing the image again).
+#[derive(Debug, Clone, Copy)]
+struct JobImg {
+    img: Img,
+    fp: Option<ImageFp>,
+}
+
+/// A request's images as a job holds them.
+fn job_images<R: RequestView + ?Sized>(r: &R) -> Vec<JobImg> {
+    images_of(r)
+        .into_iter()
+        .map(|img| JobImg { img, fp: None })
+        .collect()
+}
+
 #[derive(Debug, Clone)]
 struct JobState {
     top: u32,
@@ -28,10 +44,7 @@ struct JobState {
     branch: Option<u32>,
     prompt: u32,
     decode_left: u32,
-    images: Vec<Img>,
-    /// The content-addressed fingerprint of each kept image, from its lookup (cache modes;
-    /// its commit reuses it instead of hashing the image again).
-    fps: Vec<ImageFp>,
+    images: Vec<JobImg>,
     pending_images: u32,
     load_bytes: u64,
     cached_prefix: u32,
@@ -640,7 +653,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             done: false,
             branches_left: branches,
         });
-        let images = images_of(r);
+        let images = job_images(r);
         let (prompt, decode_left) = (
             r.prompt_tokens().max(1),
             r.output_tokens().saturating_sub(1),
@@ -665,7 +678,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         branch: Option<u32>,
         prompt: u32,
         decode_left: u32,
-        images: Vec<Img>,
+        images: Vec<JobImg>,
         fork_after: bool,
     ) -> JobId {
         self.jobs.push(JobState {
@@ -675,7 +688,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             prompt,
             decode_left,
             images,
-            fps: Vec::new(),
             pending_images: 0,
             load_bytes: 0,
             cached_prefix: 0,
@@ -699,7 +711,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             let pixel_bytes: u64 = self.jobs[job as usize]
                 .images
                 .iter()
-                .map(|i| u64::from(i.tokens) * self.cfg.pixel_bytes_per_token)
+                .map(|i| u64::from(i.img.tokens) * self.cfg.pixel_bytes_per_token)
                 .sum();
             self.actions.push(Action::Fingerprint { job, pixel_bytes });
             Ok(())
@@ -768,8 +780,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         // The images kept (every first reference of a content) are compacted to the front
         // of the job's own list, in order: `images[..kept]`.
         let mut images = std::mem::take(&mut self.jobs[job as usize].images);
-        let mut fps = std::mem::take(&mut self.jobs[job as usize].fps);
-        fps.clear();
         let mut kept = 0;
         let top = self.jobs[job as usize].top as usize;
         let tenant = self.trace[self.jobs[job as usize].trace_idx as usize].tenant();
@@ -780,19 +790,20 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             self.ensure_ctx(tenant)?;
         }
         for r in 0..images.len() {
-            let img = images[r];
+            let img = images[r].img;
             self.counters.image_refs += 1;
             self.tops[top].rec.images += 1;
-            if images[..kept].iter().any(|k| k.content == img.content) {
+            if images[..kept].iter().any(|k| k.img.content == img.content) {
                 self.tops[top].rec.images_dedup += 1;
                 self.counters.images_dedup += 1;
                 continue;
             }
             let bytes = u64::from(img.tokens) * self.cfg.encoder_bytes_per_token;
+            let mut fp = None;
             let hit = if cache {
-                let (fp, hit) = self.lookup(now, tenant, &img)?;
-                fps.push(fp);
-                hit.then_some(fp)
+                let (f, hit) = self.lookup(now, tenant, &img)?;
+                fp = Some(f);
+                hit.then_some(f)
             } else {
                 None
             };
@@ -803,7 +814,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 self.actions
                     .push(Action::EncodeAvoided { tokens: img.tokens });
                 self.jobs[job as usize].load_bytes += bytes;
-                images[kept] = img;
+                images[kept] = JobImg { img, fp: Some(fp) };
                 kept += 1;
                 continue;
             }
@@ -812,7 +823,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 None => self.pick(now, 0),
             };
             let idx = kept as u32;
-            images[kept] = img;
+            images[kept] = JobImg { img, fp };
             kept += 1;
             let ns = self.priced(|p| p.encode_ns(&[img.tokens]));
             let wk = &mut self.workers[w as usize];
@@ -825,7 +836,6 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         }
         images.truncate(kept);
         self.jobs[job as usize].images = images;
-        self.jobs[job as usize].fps = fps;
         for &w in &to_kick {
             self.kick(now, w)?;
         }
@@ -893,7 +903,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     }
 
     fn image_stored(&mut self, now: Nanos, job: JobId, idx: u32) -> Result<(), ServeError> {
-        let img = *self.jobs[job as usize]
+        let JobImg { img, fp: looked_up } = *self.jobs[job as usize]
             .images
             .get(idx as usize)
             .ok_or(ServeError::Unexpected(Done::Stored(job, idx)))?;
@@ -902,8 +912,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         let ctx = &self.ctxs[tenant as usize];
         // B1 keys are request-scoped (no cross-request reuse); B2+ are content-addressed,
         // and the image's lookup computed its fingerprint already.
-        let fp = match self.jobs[job as usize].fps.get(idx as usize) {
-            Some(&fp) if self.cfg.mode.cache() => fp,
+        let fp = match looked_up {
+            Some(fp) if self.cfg.mode.cache() => fp,
             _ => {
                 let scope = (!self.cfg.mode.cache()).then_some(u64::from(job));
                 image_fp(&mut self.fp_memo, &mut self.fp_starts, ctx, &img, scope)?
@@ -1058,7 +1068,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         let mut batch = Vec::new();
         let mut sum = 0u64;
         while let Some(&(job, idx)) = self.workers[w as usize].enc_q.front() {
-            let t = self.jobs[job as usize].images[idx as usize].tokens;
+            let t = self.jobs[job as usize].images[idx as usize].img.tokens;
             if !batch.is_empty() && sum + u64::from(t) > budget {
                 break;
             }
@@ -1076,7 +1086,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
         }
         // The action's lists follow the batch (each allocated once, at its size).
-        let img = |&(job, idx): &(JobId, u32)| self.jobs[job as usize].images[idx as usize];
+        let img = |&(job, idx): &(JobId, u32)| self.jobs[job as usize].images[idx as usize].img;
         let tokens: Vec<u32> = batch.iter().map(|b| img(b).tokens).collect();
         let images: Vec<ImageRef> = batch
             .iter()
@@ -1147,7 +1157,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 field: "decode worker",
                 what: "has no KV pool".into(),
             })?;
-            match pool.allocate(ctx) {
+            let expect = ctx + u64::from(self.jobs[job as usize].decode_left);
+            match pool.allocate_for(ctx, expect) {
                 Ok(seq) => {
                     wk.dec_wait.pop_front();
                     wk.load.decode_pending.0 -= 1;
@@ -1245,8 +1256,9 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                     self.tops[top].rec.images_encoded += 1;
                     self.counters.images_encoded += 1;
                     if self.cfg.mode.disaggregated() {
-                        let bytes = u64::from(self.jobs[job as usize].images[idx as usize].tokens)
-                            * self.cfg.encoder_bytes_per_token;
+                        let bytes =
+                            u64::from(self.jobs[job as usize].images[idx as usize].img.tokens)
+                                * self.cfg.encoder_bytes_per_token;
                         self.tops[top].rec.bytes_encoder_store += bytes;
                         self.counters.link_bytes[0] += bytes;
                         self.actions.push(Action::Transfer {
@@ -1417,7 +1429,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             if let Some(pool) = self.workers[w as usize].pool.as_mut() {
                 let _ = pool.release(r.seq);
             }
-            let images = images_of(&trace[trace_idx as usize]);
+            let images = job_images(&trace[trace_idx as usize]);
             for (i, &tokens) in outs.iter().enumerate() {
                 let b = self.new_job(
                     top as u32,
