@@ -23,7 +23,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # module -> "package file-glob..." (the files whose mutants the module's tests must kill).
 declare -A MODULES=(
-  [store]="moonagent-core core/src/store/mem.rs core/src/store/mod.rs core/src/store/key.rs core/src/store/vindex.rs"
+  [store]="moonagent-core core/src/store/mem.rs core/src/store/mod.rs core/src/store/key.rs core/src/store/vindex.rs core/src/store/keyindex.rs"
   [policies]="moonagent-core core/src/store/policy.rs core/src/store/policies/*.rs"
   [mm_cache]="moonagent-core core/src/mm_cache/mod.rs core/src/mm_cache/envelope.rs core/src/mm_cache/plan.rs"
   [fingerprint]="moonagent-core core/src/fingerprint.rs"

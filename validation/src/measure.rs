@@ -305,6 +305,12 @@ impl<S: Store> Store for TimedStore<S> {
     fn end_read_key(&mut self, now: u64, key: &StoreKey) -> StoreResult<()> {
         self.inner.end_read_key(now, key)
     }
+    fn prefetch_key(&self, key: &StoreKey) {
+        self.inner.prefetch_key(key)
+    }
+    fn prefetch_put_key(&self, key: &StoreKey, ahead: usize) {
+        self.inner.prefetch_put_key(key, ahead)
+    }
 }
 
 /// Where two action logs first differ, if they do.

@@ -10,7 +10,7 @@ use crate::mm_cache::{CacheConfig, CommitOutcome, Lookup, MmCache, ModelCtx};
 use crate::store::{DataType, Payload, ReplicateConfig, Store, StoreError, StoreKey, StoreResult};
 
 use super::decode::{DecodeBatch, Leaving, StepOutcome};
-use super::kv_prefix::{self, BlockStore, Publish};
+use super::kv_prefix::{self, BlockStore};
 use super::memo::Memo;
 use super::record::{RequestRecord, NONE};
 use super::request::{images_of, Img, RequestView};
@@ -283,6 +283,16 @@ struct KvBlocks<'s, S: Store> {
 impl<S: Store> BlockStore for KvBlocks<'_, S> {
     fn block_exists(&mut self, i: usize) -> StoreResult<bool> {
         self.store.exists_key(self.now, &StoreKey::Kv(self.ids[i]))
+    }
+    #[inline]
+    fn block_prefetch(&self, i: usize, put: bool, ahead: usize) {
+        if let Some(&id) = self.ids.get(i) {
+            if put {
+                self.store.prefetch_put_key(&StoreKey::Kv(id), ahead);
+            } else {
+                self.store.prefetch_key(&StoreKey::Kv(id));
+            }
+        }
     }
     fn block_put(&mut self, i: usize) -> StoreResult<()> {
         let payload = match self.payloads {
@@ -1327,14 +1337,8 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 block_bytes,
                 payloads: self.cfg.payloads,
             };
-            let mut stored = 0u32;
-            for i in 0..missing.len() {
-                if kv_prefix::publish(&mut blocks, i).map_err(|e| ServeError::Store("put", e))?
-                    == Publish::Stored
-                {
-                    stored += 1;
-                }
-            }
+            let stored = kv_prefix::publish_all(&mut blocks, missing.len())
+                .map_err(|e| ServeError::Store("put", e))?;
             if stored > 0 {
                 self.actions.push(Action::PutBlocks {
                     from: w,

@@ -20,6 +20,29 @@ pub trait BlockStore {
     fn block_exists(&mut self, i: usize) -> StoreResult<bool>;
     /// Put block `i`.
     fn block_put(&mut self, i: usize) -> StoreResult<()>;
+    /// A hint: block `i` is about to be looked up, or (`put`) put after `ahead` other
+    /// puts ([`Store::prefetch_key`](crate::store::Store::prefetch_key)). No effect on
+    /// results; the default does nothing.
+    fn block_prefetch(&self, _i: usize, _put: bool, _ahead: usize) {}
+}
+
+/// How many blocks ahead [`lookup`] and [`publish_all`] hint the store: a request's block
+/// keys are known up front, their index lines are not in cache, and one block's operation
+/// takes about as long as a fetch.
+pub const BLOCKS_AHEAD: usize = 4;
+
+/// Hint the store about block `i + BLOCKS_AHEAD` of `n` (at `i == 0`, about the first
+/// ones too).
+#[inline]
+fn hint<S: BlockStore + ?Sized>(store: &S, i: usize, n: usize, put: bool) {
+    if i == 0 {
+        for j in 0..BLOCKS_AHEAD.min(n) {
+            store.block_prefetch(j, put, j);
+        }
+    }
+    if i + BLOCKS_AHEAD < n {
+        store.block_prefetch(i + BLOCKS_AHEAD, put, BLOCKS_AHEAD);
+    }
 }
 
 /// What a [`publish`] did.
@@ -47,6 +70,7 @@ pub fn lookup<S: BlockStore + ?Sized>(
     let mut hit = 0;
     let mut prefix = true;
     for i in 0..n {
+        hint(store, i, n, false);
         let found = store.block_exists(i)?;
         prefix &= found;
         if prefix {
@@ -58,6 +82,18 @@ pub fn lookup<S: BlockStore + ?Sized>(
         }
     }
     Ok(hit)
+}
+
+/// Put blocks `0..n` in order ([`publish`] each); the number stored.
+pub fn publish_all<S: BlockStore + ?Sized>(store: &mut S, n: usize) -> StoreResult<u32> {
+    let mut stored = 0;
+    for i in 0..n {
+        hint(store, i, n, true);
+        if publish(store, i)? == Publish::Stored {
+            stored += 1;
+        }
+    }
+    Ok(stored)
 }
 
 /// Put block `i`; a refusal for space or an existing block is an outcome, any other
@@ -80,6 +116,7 @@ mod tests {
         present: Vec<bool>,
         puts: Vec<usize>,
         full_at: Option<usize>,
+        hints: std::cell::RefCell<Vec<(usize, bool, usize)>>,
     }
 
     impl BlockStore for Fake {
@@ -97,6 +134,9 @@ mod tests {
             self.puts.push(i);
             Ok(())
         }
+        fn block_prefetch(&self, i: usize, put: bool, ahead: usize) {
+            self.hints.borrow_mut().push((i, put, ahead));
+        }
     }
 
     #[test]
@@ -105,6 +145,7 @@ mod tests {
             present: vec![true, true, false, true, false],
             puts: vec![],
             full_at: None,
+            hints: Default::default(),
         };
         let mut missing = vec![99];
         let mut seen = vec![];
@@ -124,10 +165,35 @@ mod tests {
             present: vec![false, true, false],
             puts: vec![],
             full_at: Some(2),
+            hints: Default::default(),
         };
         assert_eq!(publish(&mut s, 0).unwrap(), Publish::Stored);
         assert_eq!(publish(&mut s, 1).unwrap(), Publish::Exists);
         assert_eq!(publish(&mut s, 2).unwrap(), Publish::NoSpace);
         assert_eq!(s.puts, vec![0]);
+    }
+
+    /// Every block is hinted once, `BLOCKS_AHEAD` blocks before its operation (the first
+    /// ones at the start), and the hints change no outcome.
+    #[test]
+    fn every_block_is_hinted_once_and_ahead() {
+        for n in [0, 1, BLOCKS_AHEAD, BLOCKS_AHEAD + 1, 3 * BLOCKS_AHEAD + 2] {
+            let mut s = Fake {
+                present: vec![false; n],
+                puts: vec![],
+                full_at: None,
+                hints: Default::default(),
+            };
+            let mut missing = vec![];
+            assert_eq!(lookup(&mut s, n, &mut missing, |_, _| {}).unwrap(), 0);
+            let want = |put: bool| -> Vec<(usize, bool, usize)> {
+                (0..n).map(|j| (j, put, j.min(BLOCKS_AHEAD))).collect()
+            };
+            assert_eq!(*s.hints.borrow(), want(false), "lookup of {n}");
+            s.hints.borrow_mut().clear();
+            assert_eq!(publish_all(&mut s, n).unwrap(), n as u32);
+            assert_eq!(s.puts, (0..n).collect::<Vec<_>>());
+            assert_eq!(*s.hints.borrow(), want(true), "publish of {n}");
+        }
     }
 }

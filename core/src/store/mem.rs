@@ -23,11 +23,11 @@
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
-use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 use serde::{Deserialize, Serialize};
 
 use super::key::{StoreKey, StrKey};
+use super::keyindex::{KeyIndex, Probe, MAX_SLOT};
 use super::policy::{EvictRequest, EvictionPolicy, ObjectMeta, PolicyConfig};
 use super::vindex::VictimIndex;
 use super::{
@@ -156,6 +156,12 @@ pub struct StoreStats {
     pub removed: u64,
 }
 
+/// What a put brings: a reservation of so many bytes (a put start) or the whole payload.
+enum Body {
+    Reserve(u64),
+    Whole(Payload),
+}
+
 /// How many victims ahead a batch eviction prefetches (see `MemStore::prefetch_slot`).
 const PREFETCH_AHEAD: usize = 8;
 
@@ -169,7 +175,7 @@ pub struct MemStore<K = String> {
     cfg: MemStoreConfig,
     policy: Box<dyn EvictionPolicy>,
     /// Live slots by key: each filed under its key's hash (`ObjectMeta::key_hash`).
-    index: HashTable<ObjId>,
+    index: KeyIndex,
     slots: Vec<Slot<K>>,
     metas: Vec<ObjectMeta>,
     free: Vec<ObjId>,
@@ -244,7 +250,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         Ok(Self {
             cfg,
             policy,
-            index: HashTable::new(),
+            index: KeyIndex::default(),
             slots: Vec::new(),
             metas: Vec::new(),
             free: Vec::new(),
@@ -323,9 +329,12 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
                 self.objects
             ));
         }
-        for &id in &self.index {
-            if self.slots.get(id.index()).is_none_or(|s| s.key.is_none()) {
-                return Err(violation!("S12", "slot {} indexed but free", id.0));
+        if let Err(e) = self.index.check() {
+            return Err(violation!("S12", "the index's table: {e}"));
+        }
+        for id in self.index.slots() {
+            if self.slots.get(id as usize).is_none_or(|s| s.key.is_none()) {
+                return Err(violation!("S12", "slot {id} indexed but free"));
             }
         }
         for (i, slot) in self.slots.iter().enumerate() {
@@ -338,7 +347,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
                     self.metas[i].key_hash
                 ));
             }
-            if self.index.find(h, |x| x.index() == i).is_none() {
+            if !self.index.holds(h, i as u32) {
                 return Err(violation!(
                     "S12",
                     "slot {i} is not filed under its key's hash"
@@ -369,12 +378,12 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         let slots = &self.slots;
         self.index
             .find(h, |id| {
-                slots[id.index()]
+                slots[id as usize]
                     .key
                     .as_ref()
                     .is_some_and(|k| k.borrow() == key)
             })
-            .copied()
+            .map(ObjId)
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -474,9 +483,18 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         let mut evicted = 0;
         for (i, &id) in victims.iter().enumerate() {
             // The victims are the oldest leases, cold and scattered over the slab: fetch
-            // the lines a later free reads while this one is freed (hints only).
-            if let Some(&ahead) = victims.get(i + PREFETCH_AHEAD) {
+            // the lines a later free reads while this one is freed (hints only): the meta,
+            // slot and index entries of the victim `2 * PREFETCH_AHEAD` on, and the key
+            // index line of the one `PREFETCH_AHEAD` on, whose meta (its key's hash) the
+            // first fetch brought in.
+            if let Some(&ahead) = victims.get(i + 2 * PREFETCH_AHEAD) {
                 self.prefetch_slot(ahead);
+            }
+            if let Some(m) = victims
+                .get(i + PREFETCH_AHEAD)
+                .and_then(|a| self.metas.get(a.index()))
+            {
+                self.index.prefetch(m.key_hash);
             }
             let ok = match self.metas.get(id.index()).map(|m| m.candidate(now)) {
                 Some(Candidate::Unpinned) => true,
@@ -540,9 +558,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         slot.payload = None;
         if slot.key.take().is_some() {
             // Filed under its key's hash: found by slot number, the key is not read.
-            if let Ok(e) = self.index.find_entry(key_hash, |&x| x == id) {
-                e.remove();
-            }
+            self.index.remove(key_hash, id.0);
         }
         let t = &mut self.stats.by_type[ty];
         t.resident -= 1;
@@ -563,35 +579,42 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         hints: AccessHints,
     ) -> StoreResult<ObjId> {
         self.advance(now);
-        let r = self.put_start_inner(now, key, size, cfg, hints, None);
+        let r = self.put_start_inner(now, &key, || key.clone(), Body::Reserve(size), cfg, hints);
         self.settle(now);
         r
     }
 
-    /// Reserve `key` (a put start), or with `payload` the whole put: the object is then
-    /// complete from its first filing (its lease is its put time either way), so the
-    /// victim index files it once.
-    fn put_start_inner(
+    /// Reserve `key` (a put start), or with a whole payload the whole put: the object is
+    /// then complete from its first filing (its lease is its put time either way), so the
+    /// victim index files it once. `owned()` makes the key the slot keeps.
+    fn put_start_inner<Q: Hash + Eq + ?Sized>(
         &mut self,
         now: Nanos,
-        key: K,
-        size: u64,
+        key: &Q,
+        owned: impl FnOnce() -> K,
+        body: Body,
         cfg: &ReplicateConfig,
         hints: AccessHints,
-        payload: Option<Payload>,
-    ) -> StoreResult<ObjId> {
-        let key_hash = FxBuildHasher.hash_one(&key);
+    ) -> StoreResult<ObjId>
+    where
+        K: Borrow<Q>,
+    {
+        let (size, payload) = match body {
+            Body::Reserve(size) => (size, None),
+            Body::Whole(p) => (p.len(), Some(p)),
+        };
+        let key_hash = FxBuildHasher.hash_one(key);
         let slots = &self.slots;
-        let metas = &self.metas;
         // One probe finds the key or the place its slot number goes.
-        let vacant = match self.index.entry(
-            key_hash,
-            |id| slots[id.index()].key.as_ref() == Some(&key),
-            |x| metas[x.index()].key_hash,
-        ) {
-            hashbrown::hash_table::Entry::Vacant(v) => Some(v),
-            hashbrown::hash_table::Entry::Occupied(o) => {
-                let id = *o.get();
+        let vacant = match self.index.probe(key_hash, |id| {
+            slots[id as usize]
+                .key
+                .as_ref()
+                .is_some_and(|k| k.borrow() == key)
+        }) {
+            Probe::Vacant { at } => Some(at),
+            Probe::Found { slot, .. } => {
+                let id = ObjId(slot);
                 let m = &self.metas[id.index()];
                 if m.complete
                     || now
@@ -613,55 +636,55 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         }
         let id = match self.free.last() {
             Some(&id) => id,
-            None => {
-                ObjId(u32::try_from(self.slots.len()).map_err(|_| StoreError::NoAvailableHandle)?)
-            }
+            None => match u32::try_from(self.slots.len()) {
+                Ok(n) if n < MAX_SLOT => ObjId(n),
+                _ => return Err(StoreError::NoAvailableHandle),
+            },
         };
-        // The slot is taken: file it under its key (a vacant entry from the probe above,
-        // else a fresh insert after the replaced put's removal).
+        // The slot is taken: file it under its key (at the place the probe above found,
+        // else by a fresh probe after the replaced put's removal).
         match vacant {
-            Some(v) => {
-                v.insert(id);
-            }
-            None => {
-                let metas = &self.metas;
-                self.index
-                    .insert_unique(key_hash, id, |x| metas[x.index()].key_hash);
-            }
+            Some(at) => self.index.insert_at(at, key_hash, id.0),
+            None => self.index.insert(key_hash, id.0),
         }
         let seq = self.next_seq();
         let complete = payload.is_some();
-        let meta = ObjectMeta {
-            live: true,
-            size,
-            data_type: cfg.data_type,
-            hard_pinned: cfg.hard_pin,
-            soft_pin_until: cfg
-                .soft_pin
-                .then(|| now.saturating_add(self.cfg.soft_pin_ttl_ns)),
-            lease_timeout: now,
-            complete,
-            readers: 0,
-            put_time: now,
-            insert_seq: seq,
-            last_access: now,
-            last_access_seq: seq,
-            access_count: 0,
-            hints,
-            key_hash,
-        };
-        let slot = Slot {
-            key: Some(key),
-            payload,
-        };
-        if id.index() < self.slots.len() {
+        let i = id.index();
+        if i < self.slots.len() {
             self.free.pop();
-            self.slots[id.index()] = slot;
-            self.metas[id.index()] = meta;
         } else {
-            self.slots.push(slot);
-            self.metas.push(meta);
+            self.slots.push(Slot {
+                key: None,
+                payload: None,
+            });
+            self.metas.push(EMPTY_META);
         }
+        // The meta and the slot are written field by field where they live: built on the
+        // stack and copied, their small fields (bytes written one by one, read back four
+        // at a time) stalled every put on store forwarding.
+        let m = &mut self.metas[i];
+        m.live = true;
+        m.size = size;
+        m.data_type = cfg.data_type;
+        m.hard_pinned = cfg.hard_pin;
+        m.soft_pin_until = cfg
+            .soft_pin
+            .then(|| now.saturating_add(self.cfg.soft_pin_ttl_ns));
+        m.lease_timeout = now;
+        m.complete = complete;
+        m.readers = 0;
+        m.put_time = now;
+        m.insert_seq = seq;
+        m.last_access = now;
+        m.last_access_seq = seq;
+        m.access_count = 0;
+        m.hints = hints;
+        m.key_hash = key_hash;
+        let slot = &mut self.slots[i];
+        // The owned key is made here, where it is stored (moved through the calls above,
+        // it was written piecewise and read back whole: another stall).
+        slot.key = Some(owned());
+        slot.payload = payload;
         self.used_bytes += size;
         self.objects += 1;
         let t = &mut self.stats.by_type[cfg.data_type.index()];
@@ -743,8 +766,25 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         cfg: &ReplicateConfig,
         hints: AccessHints,
     ) -> StoreResult<ObjId> {
+        self.put_ref(now, &key, || key.clone(), payload, cfg, hints)
+    }
+
+    /// [`MemStore::put_with`] of a borrowed key; `owned()` makes the key the store keeps.
+    #[inline]
+    fn put_ref<Q: Hash + Eq + ?Sized>(
+        &mut self,
+        now: Nanos,
+        key: &Q,
+        owned: impl FnOnce() -> K,
+        payload: Payload,
+        cfg: &ReplicateConfig,
+        hints: AccessHints,
+    ) -> StoreResult<ObjId>
+    where
+        K: Borrow<Q>,
+    {
         self.advance(now);
-        let r = self.put_start_inner(now, key, payload.len(), cfg, hints, Some(payload));
+        let r = self.put_start_inner(now, key, owned, Body::Whole(payload), cfg, hints);
         self.settle(now);
         r
     }
@@ -966,8 +1006,17 @@ impl<K: StrKey> Store for MemStore<K> {
         payload: Payload,
         cfg: &ReplicateConfig,
     ) -> StoreResult<()> {
-        self.put_with(now, K::owned(key), payload, cfg, AccessHints::default())
-            .map(|_| ())
+        K::with_lookup(key, |q| {
+            self.put_ref(
+                now,
+                q,
+                || K::owned(key),
+                payload,
+                cfg,
+                AccessHints::default(),
+            )
+        })
+        .map(|_| ())
     }
     fn get_into(&mut self, now: Nanos, key: &str, buf: &mut [u8]) -> StoreResult<u64> {
         K::with_lookup(key, |k| self.get_into_with(now, k, buf, None))
@@ -1003,13 +1052,16 @@ impl<K: StrKey> Store for MemStore<K> {
         payload: Payload,
         cfg: &ReplicateConfig,
     ) -> StoreResult<()> {
-        self.put_with(
-            now,
-            K::of_store_key(key),
-            payload,
-            cfg,
-            AccessHints::default(),
-        )
+        K::with_store_key(key, |q| {
+            self.put_ref(
+                now,
+                q,
+                || K::of_store_key(key),
+                payload,
+                cfg,
+                AccessHints::default(),
+            )
+        })
         .map(|_| ())
     }
     fn remove_key(&mut self, now: Nanos, key: &StoreKey, force: bool) -> StoreResult<()> {
@@ -1020,5 +1072,24 @@ impl<K: StrKey> Store for MemStore<K> {
     }
     fn end_read(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
         K::with_lookup(key, |k| self.end_read_with(now, k))
+    }
+    #[inline]
+    fn prefetch_key(&self, key: &StoreKey) {
+        if let Some(h) = K::cheap_hash(key) {
+            self.index.prefetch(h);
+        }
+    }
+    #[inline]
+    fn prefetch_put_key(&self, key: &StoreKey, ahead: usize) {
+        self.prefetch_key(key);
+        // The slot that put takes, if nothing frees or takes one before it.
+        if let Some(&id) = self
+            .free
+            .len()
+            .checked_sub(ahead + 1)
+            .and_then(|i| self.free.get(i))
+        {
+            self.prefetch_slot(id);
+        }
     }
 }

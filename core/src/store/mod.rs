@@ -13,6 +13,7 @@
 
 mod error;
 mod key;
+mod keyindex;
 mod mem;
 pub mod policies;
 pub mod policy;
@@ -299,6 +300,16 @@ pub trait Store {
     fn end_read_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<()> {
         self.end_read(now, &key.to_string())
     }
+
+    /// A hint: `key` is about to be read (`exists_key`, `get_*_key`). A store may start
+    /// fetching what that read touches; nothing else changes (no lease, no counter, no
+    /// recorded operation). The default does nothing.
+    fn prefetch_key(&self, _key: &StoreKey) {}
+
+    /// A hint: `key` is about to be put, after `ahead` other puts. As
+    /// [`Store::prefetch_key`], for a put (a store may also fetch the memory that put is
+    /// likely to take).
+    fn prefetch_put_key(&self, _key: &StoreKey, _ahead: usize) {}
 }
 
 /// A mutable reference to a store is a store, so drivers can lend one (`&mut dyn Store`)
@@ -372,5 +383,11 @@ impl<S: Store + ?Sized> Store for &mut S {
     }
     fn end_read_key(&mut self, now: Nanos, key: &StoreKey) -> StoreResult<()> {
         (**self).end_read_key(now, key)
+    }
+    fn prefetch_key(&self, key: &StoreKey) {
+        (**self).prefetch_key(key)
+    }
+    fn prefetch_put_key(&self, key: &StoreKey, ahead: usize) {
+        (**self).prefetch_put_key(key, ahead)
     }
 }
