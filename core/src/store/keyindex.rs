@@ -353,6 +353,36 @@ mod tests {
         }
     }
 
+    /// `holds` is true only for a slot filed under that hash (what `check_index` asks).
+    #[test]
+    fn holds_names_only_the_slot_filed_under_the_hash() {
+        let mut ix = KeyIndex::default();
+        ix.insert(h(1), 7);
+        ix.insert(h(2), 8);
+        assert!(ix.holds(h(1), 7) && ix.holds(h(2), 8));
+        assert!(!ix.holds(h(1), 8));
+        assert!(!ix.holds(h(3), 7));
+        assert!(!KeyIndex::default().holds(h(1), 7));
+    }
+
+    /// The table doubles when an insert would pass half full, not before: exactly half
+    /// full is allowed, through either insert.
+    #[test]
+    fn it_grows_past_half_full_only() {
+        let (mut a, mut b) = (KeyIndex::default(), KeyIndex::default());
+        for k in 0..8u32 {
+            let h = h(u64::from(k));
+            a.insert(h, k);
+            match b.probe(h, |_| false) {
+                Probe::Vacant { at } => b.insert_at(at, h, k),
+                Probe::Found { .. } => unreachable!(),
+            }
+        }
+        assert_eq!((a.entries.len(), b.entries.len()), (16, 16));
+        a.insert(h(8), 8);
+        assert_eq!(a.entries.len(), 32);
+    }
+
     #[test]
     fn it_grows_and_keeps_every_entry() {
         let mut ix = KeyIndex::default();
@@ -440,7 +470,13 @@ mod tests {
         }
         let mut asked = 0;
         for k in 1_000..2_000u64 {
-            assert_eq!(ix.find(hash(k), |_| { asked += 1; false }), None);
+            assert_eq!(
+                ix.find(hash(k), |_| {
+                    asked += 1;
+                    false
+                }),
+                None
+            );
         }
         assert_eq!(asked, 0);
         for k in 0..1_000u32 {
