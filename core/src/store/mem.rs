@@ -490,11 +490,18 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
             if let Some(&ahead) = victims.get(i + 2 * PREFETCH_AHEAD) {
                 self.prefetch_slot(ahead);
             }
-            if let Some(m) = victims
-                .get(i + PREFETCH_AHEAD)
-                .and_then(|a| self.metas.get(a.index()))
-            {
-                self.index.prefetch(m.key_hash);
+            if let Some(&a) = victims.get(i + PREFETCH_AHEAD) {
+                if let Some(m) = self.metas.get(a.index()) {
+                    self.index.prefetch(m.key_hash);
+                }
+                // A payload of bytes is freed with the object: its allocation's header,
+                // read by `free`, is as cold as the rest.
+                if let Some(Some(Payload::Bytes(b))) = self.slots.get(a.index()).map(|s| &s.payload)
+                {
+                    if let Some(first) = b.first() {
+                        crate::hint::prefetch(first);
+                    }
+                }
             }
             let ok = match self.metas.get(id.index()).map(|m| m.candidate(now)) {
                 Some(Candidate::Unpinned) => true,
