@@ -22,12 +22,9 @@ use moonagent_core::store::{
 };
 use rustc_hash::FxBuildHasher;
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::{env, load, median};
 
 /// Bytes of one block: 64 tokens of Qwen2.5-VL-7B's KV (57,344 bytes a token).
 const BLOCK_BYTES: u64 = 64 * 57_344;
@@ -44,13 +41,7 @@ impl BlockStore for Blocks<'_> {
         self.store.exists_key(self.now, &StoreKey::Kv(self.ids[i]))
     }
     fn block_prefetch(&self, i: usize, put: bool, ahead: usize) {
-        if let Some(&id) = self.ids.get(i) {
-            if put {
-                self.store.prefetch_put_key(&StoreKey::Kv(id), ahead);
-            } else {
-                self.store.prefetch_key(&StoreKey::Kv(id));
-            }
-        }
+        kv_prefix::prefetch_kv_block(&*self.store, self.ids, i, put, ahead);
     }
     fn block_put(&mut self, i: usize) -> StoreResult<()> {
         self.store.put_key(
@@ -146,17 +137,6 @@ fn fifo_run(w: &Workload) -> (f64, u64, u64) {
         }
     }
     (t.elapsed().as_secs_f64(), puts, evicted)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn main() {

@@ -23,12 +23,9 @@ use moonagent_core::store::{
     ObjectMeta, Payload, PolicyConfig, ReplicateConfig,
 };
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::{env, load, median};
 
 /// A policy with its index hidden: the store scans (`select_victims`).
 #[derive(Debug)]
@@ -68,17 +65,6 @@ fn zipf(requests: u64, n: u64, seed: u64) -> Vec<u64> {
             mix64(rank)
         })
         .collect()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 /// One replay; returns (seconds, hits, evicted).

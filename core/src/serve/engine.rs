@@ -286,13 +286,7 @@ impl<S: Store> BlockStore for KvBlocks<'_, S> {
     }
     #[inline]
     fn block_prefetch(&self, i: usize, put: bool, ahead: usize) {
-        if let Some(&id) = self.ids.get(i) {
-            if put {
-                self.store.prefetch_put_key(&StoreKey::Kv(id), ahead);
-            } else {
-                self.store.prefetch_key(&StoreKey::Kv(id));
-            }
-        }
+        kv_prefix::prefetch_kv_block(&*self.store, self.ids, i, put, ahead);
     }
     fn block_put(&mut self, i: usize) -> StoreResult<()> {
         let payload = match self.payloads {

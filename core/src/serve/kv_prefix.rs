@@ -12,7 +12,7 @@
 //! once) both call [`lookup`] and [`publish`]; they differ only in how a block becomes a
 //! key ([`BlockStore`]).
 
-use crate::store::{StoreError, StoreResult};
+use crate::store::{Store, StoreError, StoreKey, StoreResult};
 
 /// A store of prefix KV blocks, addressed by a block's position in the request's prompt.
 pub trait BlockStore {
@@ -30,6 +30,25 @@ pub trait BlockStore {
 /// keys are known up front, their index lines are not in cache, and one block's operation
 /// takes about as long as a fetch.
 pub const BLOCKS_AHEAD: usize = 4;
+
+/// [`BlockStore::block_prefetch`] of a store whose blocks are `kv:<id>` keys (the engine's
+/// and the `prefix_blocks` bench's): the hint for block `i` of `ids`.
+#[inline]
+pub fn prefetch_kv_block<S: Store + ?Sized>(
+    store: &S,
+    ids: &[u64],
+    i: usize,
+    put: bool,
+    ahead: usize,
+) {
+    if let Some(&id) = ids.get(i) {
+        if put {
+            store.prefetch_put_key(&StoreKey::Kv(id), ahead);
+        } else {
+            store.prefetch_key(&StoreKey::Kv(id));
+        }
+    }
+}
 
 /// Hint the store about block `i + BLOCKS_AHEAD` of `n` (at `i == 0`, about the first
 /// ones too).

@@ -236,6 +236,12 @@ impl VictimIndex {
             return;
         }
         let class = self.class_of(m.data_type.index(), m.soft_pin_until);
+        self.file_unfiled(id, m, class);
+    }
+
+    /// File `id`, not in the index, under `m`'s key and pin in `class`.
+    #[inline]
+    fn file_unfiled(&mut self, id: ObjId, m: &ObjectMeta, class: u8) {
         if let Some(t) = m.soft_pin_until {
             self.pins.insert((t, id.0));
             self.pin_of[id.index()] = t;
@@ -273,15 +279,7 @@ impl VictimIndex {
             return;
         }
         self.unfile(id);
-        if let Some(t) = m.soft_pin_until {
-            self.pins.insert((t, id.0));
-            self.pin_of[id.index()] = t;
-        }
-        let e = &mut self.slots[id.index()];
-        e.lease = m.lease_timeout;
-        e.seq = m.insert_seq;
-        e.pinned = m.soft_pin_until.is_some();
-        self.file(id.0, class);
+        self.file_unfiled(id, m, class);
     }
 
     /// Put `id` (its key already in its entry) into `class`: appended to the run whose
