@@ -13,7 +13,7 @@ use super::decode::{DecodeBatch, Leaving, StepOutcome};
 use super::kv_prefix::{self, BlockStore};
 use super::memo::Memo;
 use super::record::{RequestRecord, NONE};
-use super::request::{images_of, Img, RequestView};
+use super::request::{image_iter, Img, RequestView};
 use super::{
     Action, DecodeSeqRef, Done, EncoderOutputs, EngineConfig, Extra, Flow, ImageRef, JobId,
     Payloads, Pricing, ServeError, WorkerId,
@@ -29,12 +29,9 @@ struct JobImg {
     fp: Option<ImageFp>,
 }
 
-/// A request's images as a job holds them.
+/// A request's images as a job holds them (one allocation, at their count).
 fn job_images<R: RequestView + ?Sized>(r: &R) -> Vec<JobImg> {
-    images_of(r)
-        .into_iter()
-        .map(|img| JobImg { img, fp: None })
-        .collect()
+    image_iter(r).map(|img| JobImg { img, fp: None }).collect()
 }
 
 #[derive(Debug, Clone)]

@@ -38,17 +38,20 @@ pub struct Img {
 /// The images of `r` (at least one visual token each; a grid of `1 x 2 x 2n` patches
 /// when the trace gives none).
 pub fn images_of<R: RequestView + ?Sized>(r: &R) -> Vec<Img> {
-    (0..r.image_count())
-        .map(|i| {
-            let (content, visual_tokens, grid) = r.image(i);
-            let tokens = visual_tokens.max(1);
-            Img {
-                content,
-                tokens,
-                grid: grid.map_or(GridThw::new(1, 2, 2 * u64::from(tokens)), |g| {
-                    GridThw::new(u64::from(g[0]), u64::from(g[1]), u64::from(g[2]))
-                }),
-            }
-        })
-        .collect()
+    image_iter(r).collect()
+}
+
+/// [`images_of`] as an iterator (for a list of something that holds each image).
+pub(crate) fn image_iter<R: RequestView + ?Sized>(r: &R) -> impl Iterator<Item = Img> + '_ {
+    (0..r.image_count()).map(|i| {
+        let (content, visual_tokens, grid) = r.image(i);
+        let tokens = visual_tokens.max(1);
+        Img {
+            content,
+            tokens,
+            grid: grid.map_or(GridThw::new(1, 2, 2 * u64::from(tokens)), |g| {
+                GridThw::new(u64::from(g[0]), u64::from(g[1]), u64::from(g[2]))
+            }),
+        }
+    })
 }
