@@ -8,9 +8,9 @@
 //! uncached (Mooncake's "no available handle"); a put of a block that another request
 //! stored in the meantime is refused ("already exists"). Both are outcomes, not errors.
 //!
-//! The serving engine (prefill, then publish) and the store-level replay (publish at
-//! once) both call [`lookup`] and [`publish`]; they differ only in how a block becomes a
-//! key ([`BlockStore`]).
+//! The serving engine (prefill, then publish: [`publish_all`]) and the store-level replay
+//! (publish at once, block by block) both call [`lookup`] and [`publish`]; they differ
+//! only in how a block becomes a key ([`BlockStore`]).
 
 use crate::store::{Store, StoreError, StoreKey, StoreResult};
 

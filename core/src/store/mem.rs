@@ -156,6 +156,15 @@ pub struct StoreStats {
     pub removed: u64,
 }
 
+/// Whether slot `id` holds `key` (what the key index's probes ask on a tag match).
+#[inline]
+fn holds_key<K: Borrow<Q>, Q: Eq + ?Sized>(slots: &[Slot<K>], id: u32, key: &Q) -> bool {
+    slots[id as usize]
+        .key
+        .as_ref()
+        .is_some_and(|k| k.borrow() == key)
+}
+
 /// What a put brings: a reservation of so many bytes (a put start) or the whole payload.
 enum Body {
     Reserve(u64),
@@ -375,14 +384,8 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
     where
         K: Borrow<Q>,
     {
-        let slots = &self.slots;
         self.index
-            .find(h, |id| {
-                slots[id as usize]
-                    .key
-                    .as_ref()
-                    .is_some_and(|k| k.borrow() == key)
-            })
+            .find(h, |id| holds_key(&self.slots, id, key))
             .map(ObjId)
     }
 
@@ -585,10 +588,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         cfg: &ReplicateConfig,
         hints: AccessHints,
     ) -> StoreResult<ObjId> {
-        self.advance(now);
-        let r = self.put_start_inner(now, &key, || key.clone(), Body::Reserve(size), cfg, hints);
-        self.settle(now);
-        r
+        self.put_ref(now, &key, || key.clone(), Body::Reserve(size), cfg, hints)
     }
 
     /// Reserve `key` (a put start), or with a whole payload the whole put: the object is
@@ -613,12 +613,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         let key_hash = FxBuildHasher.hash_one(key);
         let slots = &self.slots;
         // One probe finds the key or the place its slot number goes.
-        let vacant = match self.index.probe(key_hash, |id| {
-            slots[id as usize]
-                .key
-                .as_ref()
-                .is_some_and(|k| k.borrow() == key)
-        }) {
+        let vacant = match self.index.probe(key_hash, |id| holds_key(slots, id, key)) {
             Probe::Vacant { at } => Some(at),
             Probe::Found { slot, .. } => {
                 let id = ObjId(slot);
@@ -773,17 +768,19 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         cfg: &ReplicateConfig,
         hints: AccessHints,
     ) -> StoreResult<ObjId> {
-        self.put_ref(now, &key, || key.clone(), payload, cfg, hints)
+        self.put_ref(now, &key, || key.clone(), Body::Whole(payload), cfg, hints)
     }
 
-    /// [`MemStore::put_with`] of a borrowed key; `owned()` makes the key the store keeps.
+    /// A put start ([`MemStore::put_start_with`]) or a whole put ([`MemStore::put_with`])
+    /// of a borrowed key; `owned()` makes the key the store keeps (called once, after the
+    /// checks pass).
     #[inline]
     fn put_ref<Q: Hash + Eq + ?Sized>(
         &mut self,
         now: Nanos,
         key: &Q,
         owned: impl FnOnce() -> K,
-        payload: Payload,
+        body: Body,
         cfg: &ReplicateConfig,
         hints: AccessHints,
     ) -> StoreResult<ObjId>
@@ -791,7 +788,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         K: Borrow<Q>,
     {
         self.advance(now);
-        let r = self.put_start_inner(now, key, owned, Body::Whole(payload), cfg, hints);
+        let r = self.put_start_inner(now, key, owned, body, cfg, hints);
         self.settle(now);
         r
     }
@@ -997,8 +994,11 @@ impl<K: StrKey> Store for MemStore<K> {
         size: u64,
         cfg: &ReplicateConfig,
     ) -> StoreResult<()> {
-        self.put_start_with(now, K::owned(key), size, cfg, AccessHints::default())
-            .map(|_| ())
+        K::with_lookup(key, |q| {
+            let hints = AccessHints::default();
+            self.put_ref(now, q, || K::owned(key), Body::Reserve(size), cfg, hints)
+        })
+        .map(|_| ())
     }
     fn put_end(&mut self, now: Nanos, key: &str, payload: Payload) -> StoreResult<()> {
         K::with_lookup(key, |k| self.put_end_with(now, k, payload))
@@ -1014,14 +1014,8 @@ impl<K: StrKey> Store for MemStore<K> {
         cfg: &ReplicateConfig,
     ) -> StoreResult<()> {
         K::with_lookup(key, |q| {
-            self.put_ref(
-                now,
-                q,
-                || K::owned(key),
-                payload,
-                cfg,
-                AccessHints::default(),
-            )
+            let hints = AccessHints::default();
+            self.put_ref(now, q, || K::owned(key), Body::Whole(payload), cfg, hints)
         })
         .map(|_| ())
     }
@@ -1060,13 +1054,14 @@ impl<K: StrKey> Store for MemStore<K> {
         cfg: &ReplicateConfig,
     ) -> StoreResult<()> {
         K::with_store_key(key, |q| {
+            let hints = AccessHints::default();
             self.put_ref(
                 now,
                 q,
                 || K::of_store_key(key),
-                payload,
+                Body::Whole(payload),
                 cfg,
-                AccessHints::default(),
+                hints,
             )
         })
         .map(|_| ())
