@@ -784,6 +784,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         let mut kept = 0;
         let top = self.jobs[job as usize].top as usize;
         let tenant = self.trace[self.jobs[job as usize].trace_idx as usize].tenant();
+        self.prefetch_prompt_blocks(job);
         let mut to_kick = std::mem::take(&mut self.to_kick);
         to_kick.clear();
         let cache = self.cfg.mode.cache() && !images.is_empty();
@@ -909,6 +910,10 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             .get(idx as usize)
             .ok_or(ServeError::Unexpected(Done::Stored(job, idx)))?;
         let tenant = self.trace[self.jobs[job as usize].trace_idx as usize].tenant();
+        if self.jobs[job as usize].pending_images == 1 {
+            // The last image: `images_ready` follows.
+            self.prefetch_prompt_blocks(job);
+        }
         self.ensure_ctx(tenant)?;
         let ctx = &self.ctxs[tenant as usize];
         // B1 keys are request-scoped (no cross-request reuse); B2+ are content-addressed,
@@ -979,6 +984,19 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             self.images_ready(now, job)?;
         }
         Ok(())
+    }
+
+    /// Hint the CPU to fetch the prefix-block ids that `images_ready` looks up next: the
+    /// trace keeps them in one allocation per request, untouched since the trace was read,
+    /// and the image work before the lookup hides the fetch (no effect on results).
+    #[inline]
+    fn prefetch_prompt_blocks(&self, job: JobId) {
+        if self.cfg.kv_prefix_store && self.cfg.mode.disaggregated() {
+            let ids = self.trace[self.jobs[job as usize].trace_idx as usize].prompt_blocks();
+            for line in ids.iter().step_by(8).take(4) {
+                crate::hint::prefetch(line);
+            }
+        }
     }
 
     /// All images of `job` are available: place its prefill, look up its prefix KV, load.
