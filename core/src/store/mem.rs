@@ -196,12 +196,19 @@ pub struct MemStore<K = String> {
     last_now: Nanos,
     stats: StoreStats,
     victims: Vec<ObjId>,
+    /// Small payload buffers of freed objects, released one per later put of bytes
+    /// (see [`MemStore::retire`]).
+    retired: Vec<Vec<u8>>,
     /// Kept when the policy picks from it (`EvictionPolicy::uses_victim_index`).
     vindex: Option<VictimIndex>,
     /// Debug builds: the scan's victims, compared with the index's every run.
     #[cfg(debug_assertions)]
     scan_victims: Vec<ObjId>,
 }
+
+/// Most payload buffers [`MemStore::retire`] holds, and the largest it holds.
+const RETIRED_MAX: usize = 8192;
+const RETIRED_BYTES: usize = 4096;
 
 impl<K> std::fmt::Debug for MemStore<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -271,6 +278,7 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
             last_now: 0,
             stats: StoreStats::default(),
             victims: Vec::new(),
+            retired: Vec::new(),
             vindex,
             #[cfg(debug_assertions)]
             scan_victims: Vec::new(),
@@ -497,12 +505,14 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
                 if let Some(m) = self.metas.get(a.index()) {
                     self.index.prefetch(m.key_hash);
                 }
-                // A payload of bytes is freed with the object: its allocation's header,
-                // read by `free`, is as cold as the rest.
+                // A large payload of bytes is freed with the object (`retire`): its
+                // allocation's header, read by `free`, is as cold as the rest.
                 if let Some(Some(Payload::Bytes(b))) = self.slots.get(a.index()).map(|s| &s.payload)
                 {
-                    if let Some(first) = b.first() {
-                        crate::hint::prefetch(first);
+                    if b.capacity() > RETIRED_BYTES {
+                        if let Some(first) = b.first() {
+                            crate::hint::prefetch(first);
+                        }
                     }
                 }
             }
@@ -535,6 +545,19 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         evicted
     }
 
+    /// Keep a freed object's small payload buffer for release at a later put of bytes
+    /// instead of freeing it here. A batch eviction frees thousands of cold payloads at
+    /// once (the image cache's envelopes), which overflows glibc's per-thread cache (7
+    /// chunks a size) into its bins; released one per put, they stay in the thread cache.
+    /// Memory only: nothing the store reports depends on when a buffer is released. At
+    /// most `RETIRED_MAX` buffers of at most `RETIRED_BYTES` each are held.
+    #[inline]
+    fn retire(retired: &mut Vec<Vec<u8>>, b: Vec<u8>) {
+        if b.capacity() <= RETIRED_BYTES && retired.len() < RETIRED_MAX {
+            retired.push(b);
+        }
+    }
+
     /// Hint the CPU to fetch what freeing `id` reads: its meta, slot and index entry.
     #[inline]
     fn prefetch_slot(&self, id: ObjId) {
@@ -565,7 +588,9 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         }
         let (size, ty, key_hash) = (m.size, m.data_type.index(), m.key_hash);
         let slot = &mut self.slots[i];
-        slot.payload = None;
+        if let Some(Payload::Bytes(b)) = slot.payload.take() {
+            Self::retire(&mut self.retired, b);
+        }
         if slot.key.take().is_some() {
             // Filed under its key's hash: found by slot number, the key is not read.
             self.index.remove(key_hash, id.0);
@@ -651,6 +676,12 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
         }
         let seq = self.next_seq();
         let complete = payload.is_some();
+        if matches!(payload, Some(Payload::Bytes(_))) {
+            // Release one retired buffer per put of bytes: with the caller's next
+            // allocation it makes a free-then-allocate pair the allocator's thread cache
+            // serves.
+            drop(self.retired.pop());
+        }
         let i = id.index();
         if i < self.slots.len() {
             self.free.pop();
@@ -1093,5 +1124,45 @@ impl<K: StrKey> Store for MemStore<K> {
         {
             self.prefetch_slot(id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{DataType, ReplicateConfig, Store};
+
+    fn put(s: &mut MemStore<String>, key: &str, len: usize) {
+        let cfg = ReplicateConfig::of(DataType::EncoderOutput);
+        s.put(0, key, Payload::Bytes(vec![7; len]), &cfg).unwrap();
+    }
+
+    /// Freed payload buffers are held up to the bounds, released one per put of bytes,
+    /// and never change what the store holds or reports.
+    #[test]
+    fn retired_buffers_are_bounded_and_released_by_puts() {
+        let mut s = MemStore::new(MemStoreConfig::with_capacity(1 << 40)).unwrap();
+        let n = RETIRED_MAX + 10;
+        for i in 0..n {
+            put(&mut s, &format!("k{i}"), 700);
+        }
+        put(&mut s, "big", RETIRED_BYTES + 1);
+        s.remove(1, "big", true).unwrap();
+        assert!(s.retired.is_empty(), "a large buffer is freed at once");
+        for i in 0..n {
+            s.remove(1, &format!("k{i}"), true).unwrap();
+        }
+        assert_eq!(s.retired.len(), RETIRED_MAX);
+        put(&mut s, "again", 700);
+        assert_eq!(
+            s.retired.len(),
+            RETIRED_MAX - 1,
+            "a put of bytes releases one"
+        );
+        assert!(s.exists(1, "again").unwrap());
+        assert_eq!(
+            s.stats().by_type[DataType::EncoderOutput.index()].resident,
+            1
+        );
     }
 }
