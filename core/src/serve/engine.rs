@@ -986,6 +986,42 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         Ok(())
     }
 
+    /// Hint the CPU to fetch the per-job state that completing `done` reads first (a
+    /// driver calls it for the next event while it handles the current one; no effect on
+    /// results).
+    pub fn prefetch(&self, done: &Done) {
+        let job = match *done {
+            Done::Step(w) => {
+                let Some(wk) = self.workers.get(w as usize) else {
+                    return;
+                };
+                if let Inflight::Prefill(chunks) = &wk.inflight {
+                    for &(job, _) in chunks {
+                        if let Some(j) = self.jobs.get(job as usize) {
+                            if let Some(t) = self.tops.get(j.top as usize) {
+                                crate::hint::prefetch(t);
+                            }
+                            for line in j.kv_missing.iter().step_by(8).take(3) {
+                                crate::hint::prefetch(line);
+                            }
+                        }
+                    }
+                }
+                return;
+            }
+            Done::Fingerprinted(job)
+            | Done::Stored(job, _)
+            | Done::Loaded(job)
+            | Done::KvArrived(job) => job,
+        };
+        if let Some(j) = self.jobs.get(job as usize) {
+            crate::hint::prefetch(j);
+            if let Some(t) = self.tops.get(j.top as usize) {
+                crate::hint::prefetch(t);
+            }
+        }
+    }
+
     /// Hint the CPU to fetch the prefix-block ids that `images_ready` looks up next: the
     /// trace keeps them in one allocation per request, untouched since the trace was read,
     /// and the image work before the lookup hides the fetch (no effect on results).

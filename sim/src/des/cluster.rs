@@ -298,6 +298,9 @@ impl<'a> Simulation<'a> {
                 cursor += 1;
                 self.execute(t);
             } else if let Some((t, done)) = self.q.pop() {
+                if let Some(next) = self.q.peek() {
+                    self.engine.prefetch(next);
+                }
                 if let (Some(c), Done::Step(w)) = (self.cores.as_mut(), done) {
                     if !c.finish(t, w) {
                         self.stale += 1;

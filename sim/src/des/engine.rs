@@ -114,6 +114,11 @@ impl<E> EventQueue<E> {
         self.heap.peek().map(|e| (e.time(), e.prio()))
     }
 
+    /// The next event, if any.
+    pub fn peek(&self) -> Option<&E> {
+        self.heap.peek().map(|e| &e.ev)
+    }
+
     /// Pop the next event and advance the clock to it.
     pub fn pop(&mut self) -> Option<(Time, E)> {
         let e = self.heap.pop()?;
@@ -145,7 +150,13 @@ mod tests {
         q.push(5, 9, "first");
         q.push(10, 1, "b2");
         q.push(10, 0, "a2");
-        let order: Vec<_> = std::iter::from_fn(|| q.pop().map(|(_, e)| e)).collect();
+        let order: Vec<_> = std::iter::from_fn(|| {
+            let next = q.peek().copied();
+            let e = q.pop().map(|(_, e)| e);
+            assert_eq!(next, e, "peek shows what pop takes");
+            e
+        })
+        .collect();
         assert_eq!(order, ["first", "a1", "a2", "b1", "b2"]);
     }
 
