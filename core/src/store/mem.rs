@@ -206,8 +206,10 @@ pub struct MemStore<K = String> {
     scan_victims: Vec<ObjId>,
 }
 
-/// Most payload buffers [`MemStore::retire`] holds, and the largest it holds.
+/// Most payload buffers [`MemStore::retire`] holds.
 const RETIRED_MAX: usize = 8192;
+/// Largest payload buffer (capacity, bytes) [`MemStore::retire`] holds; larger ones are
+/// freed with their object.
 const RETIRED_BYTES: usize = 4096;
 
 impl<K> std::fmt::Debug for MemStore<K> {
