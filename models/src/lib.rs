@@ -80,16 +80,33 @@ mod to_ns_tests {
     #[test]
     fn to_ns_is_ceil() {
         let edges = [
-            0.0, -0.0, -1.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, f64::MIN_POSITIVE,
-            1e-300, 0.5, 1.0, 1.0 + f64::EPSILON, 2.5, 4503599627370495.5, 4503599627370496.0,
-            9007199254740993.0, 1.8446744073709552e19, 1.8446744073709550e19, 1e30,
+            0.0,
+            -0.0,
+            -1.5,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::MIN_POSITIVE,
+            1e-300,
+            0.5,
+            1.0,
+            1.0 + f64::EPSILON,
+            2.5,
+            4503599627370495.5,
+            4503599627370496.0,
+            9007199254740993.0,
+            1.8446744073709552e19,
+            1.8446744073709550e19,
+            1e30,
         ];
         for x in edges {
             assert_eq!(to_ns(x), reference(x), "{x:e}");
         }
         let mut s = 0x9E37_79B9_7F4A_7C15u64;
         for _ in 0..1_000_000 {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let x = f64::from_bits(s >> 1); // positive (and NaN) bit patterns
             assert_eq!(to_ns(x), reference(x), "{x:e}");
             let y = (s >> 11) as f64 / 1024.0; // times of a few ns to days
