@@ -15,3 +15,13 @@ pub fn prefetch<T>(x: &T) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = x;
 }
+
+/// [`prefetch`] the first `lines` cache lines of `s` (fewer when `s` is shorter): one
+/// element every 64 bytes from the first (every element when they are larger).
+#[inline(always)]
+pub fn prefetch_lines<T>(s: &[T], lines: usize) {
+    let step = (64 / std::mem::size_of::<T>().max(1)).max(1);
+    for x in s.iter().step_by(step).take(lines) {
+        prefetch(x);
+    }
+}

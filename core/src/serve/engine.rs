@@ -990,34 +990,36 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     /// driver calls it for the next event while it handles the current one; no effect on
     /// results).
     pub fn prefetch(&self, done: &Done) {
-        let job = match *done {
+        match *done {
             Done::Step(w) => {
-                let Some(wk) = self.workers.get(w as usize) else {
-                    return;
-                };
-                if let Inflight::Prefill(chunks) = &wk.inflight {
+                if let Some(Inflight::Prefill(chunks)) =
+                    self.workers.get(w as usize).map(|wk| &wk.inflight)
+                {
                     for &(job, _) in chunks {
-                        if let Some(j) = self.jobs.get(job as usize) {
-                            if let Some(t) = self.tops.get(j.top as usize) {
-                                crate::hint::prefetch(t);
-                            }
-                            for line in j.kv_missing.iter().step_by(8).take(3) {
-                                crate::hint::prefetch(line);
-                            }
-                        }
+                        self.prefetch_job(job, true);
                     }
                 }
-                return;
             }
             Done::Fingerprinted(job)
             | Done::Stored(job, _)
             | Done::Loaded(job)
-            | Done::KvArrived(job) => job,
-        };
+            | Done::KvArrived(job) => self.prefetch_job(job, false),
+        }
+    }
+
+    /// [`Engine::prefetch`] of one job: its request record, and either its own state or
+    /// (a finished prefill, `publishing`) the prefix blocks it publishes.
+    #[inline]
+    fn prefetch_job(&self, job: JobId, publishing: bool) {
         if let Some(j) = self.jobs.get(job as usize) {
-            crate::hint::prefetch(j);
+            if !publishing {
+                crate::hint::prefetch(j);
+            }
             if let Some(t) = self.tops.get(j.top as usize) {
                 crate::hint::prefetch(t);
+            }
+            if publishing {
+                crate::hint::prefetch_lines(&j.kv_missing, 3);
             }
         }
     }
@@ -1029,9 +1031,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     fn prefetch_prompt_blocks(&self, job: JobId) {
         if self.cfg.kv_prefix_store && self.cfg.mode.disaggregated() {
             let ids = self.trace[self.jobs[job as usize].trace_idx as usize].prompt_blocks();
-            for line in ids.iter().step_by(8).take(4) {
-                crate::hint::prefetch(line);
-            }
+            crate::hint::prefetch_lines(ids, 4);
         }
     }
 
