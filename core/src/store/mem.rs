@@ -507,11 +507,11 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
                 if let Some(m) = self.metas.get(a.index()) {
                     self.index.prefetch(m.key_hash);
                 }
-                // A large payload of bytes is freed with the object (`retire`): its
+                // A payload of bytes `retire` does not keep is freed with the object: its
                 // allocation's header, read by `free`, is as cold as the rest.
                 if let Some(Some(Payload::Bytes(b))) = self.slots.get(a.index()).map(|s| &s.payload)
                 {
-                    if b.capacity() > RETIRED_BYTES {
+                    if !Self::retires(&self.retired, b) {
                         if let Some(first) = b.first() {
                             crate::hint::prefetch(first);
                         }
@@ -555,9 +555,15 @@ impl<K: Hash + Eq + Clone> MemStore<K> {
     /// most `RETIRED_MAX` buffers of at most `RETIRED_BYTES` each are held.
     #[inline]
     fn retire(retired: &mut Vec<Vec<u8>>, b: Vec<u8>) {
-        if b.capacity() <= RETIRED_BYTES && retired.len() < RETIRED_MAX {
+        if Self::retires(retired, &b) {
             retired.push(b);
         }
+    }
+
+    /// Whether [`MemStore::retire`] would keep `b` now (else it is freed at once).
+    #[inline]
+    fn retires(retired: &[Vec<u8>], b: &Vec<u8>) -> bool {
+        b.capacity() <= RETIRED_BYTES && retired.len() < RETIRED_MAX
     }
 
     /// Hint the CPU to fetch what freeing `id` reads: its meta, slot and index entry.
