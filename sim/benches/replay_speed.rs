@@ -21,6 +21,11 @@
 //! The ratios LRU/this there are what issue 15 item 4 asks of `mooncake-default` and
 //! `type-aware` (time within 1.5x of LRU's, i.e. LRU/this >= 0.67).
 
+// What the CLI runs: its allocator too.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::time::Instant;
 
 use moonagent_core::rng::Rng;

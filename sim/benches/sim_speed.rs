@@ -17,6 +17,11 @@
 //!   embedding-cache operation of the request (validated lookups, commits, prefix-block
 //!   lookups and puts, eviction rounds over the store's objects).
 
+// What the CLI runs: its allocator too.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::time::Instant;
 
 use moonagent_sim::des::engine::EventQueue;

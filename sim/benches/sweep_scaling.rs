@@ -19,6 +19,11 @@
 //! average is printed before and after, and a control (a pure CPU loop on 1, then 2
 //! threads, once per round) shows what the machine itself gives at the time.
 
+// What the CLI runs: its allocator too.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::path::Path;
 use std::time::Instant;
 
