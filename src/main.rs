@@ -6,8 +6,9 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 /// jemalloc instead of the system allocator: the simulator allocates and frees small
-/// per-request and per-step buffers at every event, and on glibc that cost 7-8% of the W1
-/// loop (`sim/README.md`, "Allocator and profile-guided build"). Outputs do not depend on
+/// per-request and per-step buffers at every event; under jemalloc the W1 loop takes 2-8%
+/// less time than under glibc's (`sim/README.md`, "Allocator and profile-guided build",
+/// same-run comparisons on a noisy host). Outputs do not depend on
 /// the allocator (the golden result files are byte-identical under both).
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
