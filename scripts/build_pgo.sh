@@ -48,19 +48,35 @@ RUSTFLAGS="$flags -Cprofile-generate=$work/raw" \
   cargo build --release --quiet --target-dir target/pgo-gen -p moonagent
 gen="$root/target/pgo-gen/release/moonagent"
 
-echo "build_pgo: [2/4] training runs" >&2
-"$gen" simulate --requests 2000 > /dev/null 2>&1
-for w in w1 w2 w3 w4; do
-  n=$([[ $w == w1 ]] && echo 40000 || echo 10000)
-  rate=$([[ $w == w1 ]] && echo "--rate 150" || echo "")
-  # shellcheck disable=SC2086
-  "$gen" trace generate "$w" --requests "$n" $rate --seed 7 --no-stats \
-    --out "$work/traces/$w.jsonl" > /dev/null
-  "$gen" simulate --trace "$work/traces/$w.jsonl" --modes b0,b1,b2,b3,full > /dev/null 2>&1
-done
-"$gen" replay --trace "$work/traces/w3.jsonl" --capacity 20% --no-trace-cache \
+echo "build_pgo: [2/4] training runs (log: target/pgo-work/train.log)" >&2
+log="$work/train.log"
+# Run a training command with its output in the log; on failure, say so and show the
+# start of its output (the error comes first, a backtrace after it).
+run() {
+  local ok=0
+  "$gen" "$@" > "$work/run.out" 2>&1 || ok=$?
+  cat "$work/run.out" >> "$log"
+  if [[ $ok != 0 ]]; then
+    echo "build_pgo: training run failed: moonagent $*" >&2
+    head -n 20 "$work/run.out" >&2
+    exit 1
+  fi
+}
+# One workload: a seed-7 trace of it, simulated under every mode.
+train() {
+  local w=$1
+  shift
+  run trace generate "$w" "$@" --seed 7 --no-stats --out "$work/traces/$w.jsonl"
+  run simulate --trace "$work/traces/$w.jsonl" --modes b0,b1,b2,b3,full
+}
+run simulate --requests 2000
+train w1 --requests 40000 --rate 150
+train w2 --requests 10000
+train w3 --requests 10000
+train w4 --requests 10000
+run replay --trace "$work/traces/w3.jsonl" --capacity 20% --no-trace-cache \
   --policy lru --policy fifo --policy s3-fifo --policy sieve --policy mooncake-default \
-  --policy type-aware > /dev/null 2>&1
+  --policy type-aware
 
 echo "build_pgo: [3/4] merging the profile, optimised build (target/pgo)" >&2
 "$profdata" merge -o "$work/moonagent.profdata" "$work"/raw/*.profraw
@@ -72,8 +88,16 @@ if [[ $verify == 1 ]]; then
   echo "build_pgo: [4/4] golden outputs, plain release build vs PGO build" >&2
   cargo build --release --quiet -p moonagent
   rm -rf "$work/golden-plain" "$work/golden-pgo"
-  bash scripts/golden.sh "$work/golden-plain" "$root/target/release/moonagent" > /dev/null 2>&1
-  bash scripts/golden.sh "$work/golden-pgo" "$pgo" > /dev/null 2>&1
+  # The golden files of build $1 (binary $2) into $work/golden-$1; on failure, the log.
+  golden() {
+    if ! bash scripts/golden.sh "$work/golden-$1" "$2" > "$work/golden-$1.log" 2>&1; then
+      echo "build_pgo: scripts/golden.sh failed with the $1 build:" >&2
+      cat "$work/golden-$1.log" >&2
+      exit 1
+    fi
+  }
+  golden plain "$root/target/release/moonagent"
+  golden pgo "$pgo"
   if ! diff -q "$work/golden-plain/SHA256SUMS" "$work/golden-pgo/SHA256SUMS" > /dev/null; then
     echo "build_pgo: the PGO build's result files differ from the plain build's:" >&2
     diff "$work/golden-plain/SHA256SUMS" "$work/golden-pgo/SHA256SUMS" >&2 || true
