@@ -84,16 +84,15 @@ where
         self.to_mut().reserve(n);
     }
 
-    /// Reserve exactly (see `Vec::reserve_exact`). A buffer of many megabytes is asked to
-    /// be backed by transparent huge pages (Linux `madvise`, where the kernel allows it):
-    /// filling 320 MB of accesses then takes a few hundred page faults, not 80,000.
+    /// Reserve exactly (see `Vec::reserve_exact`).
+    ///
+    /// No transparent-huge-page advice (`madvise(MADV_HUGEPAGE)`, used here until
+    /// 2026-12-06): under the kernel's default `defrag=madvise`, advised faults compact
+    /// memory synchronously, and on a host whose free memory is fragmented that stalled the
+    /// 10M-request compile for up to 0.8 s (0.41-1.23 s against 0.45-0.48 s without the
+    /// advice; `sim/README.md`, "Huge pages dropped").
     pub fn reserve_exact(&mut self, n: usize) {
-        let v = self.to_mut();
-        v.reserve_exact(n);
-        advise_huge(
-            v.as_mut_ptr().cast(),
-            v.capacity() * std::mem::size_of::<T>(),
-        );
+        self.to_mut().reserve_exact(n);
     }
 
     /// Empty it (a mapped slab drops its view, it copies nothing).
@@ -195,28 +194,5 @@ where
     type IntoIter = std::slice::Iter<'a, T>;
     fn into_iter(self) -> Self::IntoIter {
         self.as_slice().iter()
-    }
-}
-
-/// `madvise(MADV_HUGEPAGE)` on the whole 2 MiB pages inside `len` bytes at `p` (a hint:
-/// the contents are untouched and an error is ignored; a no-op below 8 MiB or off Linux).
-#[allow(unused_variables)]
-fn advise_huge(p: *mut u8, len: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        if len < 4 * HUGE {
-            return;
-        }
-        let start = (p as usize).next_multiple_of(HUGE);
-        let end = (p as usize + len) / HUGE * HUGE;
-        if end > start {
-            // SAFETY: [start, end) lies inside the allocation of `len` bytes at `p`, which
-            // the caller owns; MADV_HUGEPAGE changes only how the kernel backs the pages,
-            // never their contents or protection.
-            unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-            }
-        }
     }
 }
