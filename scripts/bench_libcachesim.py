@@ -13,7 +13,8 @@ the two simulators. Reported per policy, medians over the rounds:
     (libCacheSim reads the trace as it goes, so its loop includes reading);
 
 with ratios libCacheSim / moonagent (> 1: moonagent faster), measured in the same run.
-Hit counts are checked equal on every round. Also printed: moonagent's own phase times
+Hit counts are checked equal on every round. Also printed: moonagent's fastest and
+slowest whole process per policy (cold and warm), and its own phase times
 (stderr `timing:`), medians: hashing the trace, and reading + compiling it (cold) or
 mapping the compiled file (warm).
 
@@ -112,6 +113,7 @@ def main():
         print(f"{'policy':8} {'hash':>4} {'lib whole s':>11} {'cold s':>7} {'ratio':>6} "
               f"{'warm s':>7} {'ratio':>6} {'lib loop s':>10} {'moon loop s':>11} {'ratio':>6}")
         phases = {"hash": [], "read and compiled": [], "mapped from the cache": []}
+        spread = []
         for pol, cls in POLICIES.items():
             cold, warm, m_loop = [], [], []
             lib = {24: ([], []), fitted: ([], [])}
@@ -137,10 +139,15 @@ def main():
                         sys.exit(f"{pol}: hits differ: moonagent {[r[2] for r in runs]}, "
                                  f"libCacheSim {h2}")
             mc, mw, ml = (statistics.median(x) for x in (cold, warm, m_loop))
+            # The spread, because a cold run is where the host shows (page faults on
+            # 360 MB of fresh memory, the compiled file's write).
+            spread.append(f"{pol} cold {min(cold):.3f}-{max(cold):.3f} s, "
+                          f"warm {min(warm):.3f}-{max(warm):.3f} s")
             for hp, (lw, ll) in lib.items():
                 lw, ll = statistics.median(lw), statistics.median(ll)
                 print(f"{pol:8} 2^{hp:<2} {lw:11.3f} {mc:7.3f} {lw / mc:6.2f} {mw:7.3f} "
                       f"{lw / mw:6.2f} {ll:10.3f} {ml:11.3f} {ll / ml:6.2f}", flush=True)
+        print("moonagent whole process, fastest-slowest round: " + "; ".join(spread))
         print("moonagent phases, medians over every run: " + ", ".join(
             f"{k} {statistics.median(v):.3f} s" for k, v in phases.items()
         ) + f" (load {os.getloadavg()[0]:.2f})")

@@ -6,8 +6,12 @@
 #   cargo build --release --features cuda
 #   mkdir -p .device-bin && cp target/release/moonagent .device-bin/   # .device-bin is ignored
 # There (the session's `device` tool; the binary travels as a carried path):
-#   run(command="bash scripts/device_validate.sh .device-bin/moonagent", carry=[".device-bin"],
-#       timeout_s=580)
+#   run(command="BUDGET_S=300 bash scripts/device_validate.sh .device-bin/moonagent",
+#       carry=[".device-bin"], timeout_s=340)
+# A session's device time is 15 minutes in all (2026-12-06), the machine's start included,
+# so a 300 s budget leaves room to run it again; with more time, BUDGET_S=520 and
+# timeout_s=580 give the 7B study 16 requests a run instead of 8 and the scaled study
+# three repeats.
 # Anywhere with a GPU: bash scripts/device_validate.sh [BIN] [OUTDIR]
 #
 # What it runs, each step under its own time limit so that one slow step cannot take the
@@ -129,8 +133,11 @@ if [[ $ok_tiny == 0 ]]; then
   # model's study as the time left allows.
   # Its length is an estimate (~1 request/s of B3 capacity with host attention: ~60 s of
   # profile and ~170 s of runs for 16 requests per run).
+  # Under a short budget (BUDGET_S=300) it gets 8 requests a run, which the estimate puts
+  # at ~60 s of profile and ~90 s of runs.
+  if [[ $(left) -gt 440 ]]; then n7b=16; else n7b=8; fi
   [[ $(left) -gt 120 ]] && step all-7b $(( $(left) > 440 ? 330 : $(left) - 110 )) "$BIN" \
-    validate all --compute cuda --base h200 --model qwen2.5-vl-7b --requests 16 --repeats 1 \
+    validate all --compute cuda --base h200 --model qwen2.5-vl-7b --requests $n7b --repeats 1 \
     --out "$WORK/all-7b"
   if [[ $(left) -gt 300 ]]; then reps=3; else reps=1; fi
   [[ $(left) -gt 110 ]] && step all-tiny-r$reps $(( $(left) - 10 )) "$BIN" validate all \
