@@ -29,8 +29,9 @@ declare -A MODULES=(
   [fingerprint]="moonagent-core core/src/fingerprint.rs"
   [fork]="moonagent-core core/src/fork/*.rs"
   [traces]="moonagent-traces traces/src/schema.rs"
+  [serve]="moonagent-core core/src/serve/kv_prefix.rs core/src/serve/memo.rs core/src/serve/decode.rs core/src/serve/engine.rs"
 )
-ORDER=(store policies mm_cache fingerprint fork traces)
+ORDER=(store policies mm_cache fingerprint fork traces serve)
 # module -> the test targets that state its invariants (INVARIANTS.md). Running only these
 # keeps a mutant to seconds instead of the whole suite; MUTANTS_ALL_TESTS=1 runs every test
 # of the package instead (slower; a mutant caught only elsewhere then counts as caught).
@@ -41,6 +42,7 @@ declare -A TESTS=(
   [fingerprint]="--lib --test fingerprint"
   [fork]="--lib --test fork_prop --test fork_token_identity"
   [traces]="--lib --test it"
+  [serve]="--lib --test serve_prop"
 )
 OUT=target/mutants
 

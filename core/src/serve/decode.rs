@@ -421,6 +421,76 @@ mod tests {
         },
     }
 
+    fn pool(cap: u32, block: u32) -> PoolCore {
+        PoolCore::new(PoolConfig::new(cap, block, 3)).unwrap()
+    }
+
+    /// The batch's point: a sequence's tokens reach the pool only when its tail page is
+    /// full (one `append` a page), never token by token. Lengths lag; pages do not.
+    #[test]
+    fn appends_wait_for_the_page_boundary() {
+        let mut p = pool(16, 16);
+        let seq = p.allocate(1).unwrap();
+        let mut b = DecodeBatch::new(16);
+        let mut out = StepOutcome::default();
+        b.admit(&p, 0, seq, 1, 40).unwrap();
+        // Headroom 15: iterations 0..=14 write into the first page without telling the pool.
+        for k in 0..15 {
+            b.step(&mut p, &mut out).unwrap();
+            assert_eq!(
+                p.seq_len(seq).unwrap(),
+                1,
+                "no append before the page fills (step {k})"
+            );
+            assert_eq!(p.table(seq).unwrap().len(), 1);
+        }
+        // Iteration 15 writes the 17th token: one append of the 16 since admission.
+        b.step(&mut p, &mut out).unwrap();
+        assert_eq!(p.seq_len(seq).unwrap(), 17);
+        assert_eq!(p.table(seq).unwrap().len(), 2);
+        assert_eq!(b.ctx_sum(), 17);
+    }
+
+    /// `unreported` names the sequences with tokens to report, none before their first
+    /// completed iteration (a run cut off there has produced nothing for them).
+    #[test]
+    fn unreported_names_only_sequences_with_produced_tokens() {
+        let mut p = pool(16, 16);
+        let mut b = DecodeBatch::new(16);
+        let mut out = StepOutcome::default();
+        let first = p.allocate(3).unwrap();
+        b.admit(&p, 7, first, 3, 10).unwrap();
+        assert_eq!(b.unreported().count(), 0);
+        b.step(&mut p, &mut out).unwrap();
+        let second = p.allocate(2).unwrap();
+        b.admit(&p, 8, second, 2, 10).unwrap();
+        assert_eq!(b.unreported().collect::<Vec<_>>(), vec![(7, 1)]);
+        b.step(&mut p, &mut out).unwrap();
+        assert_eq!(b.unreported().collect::<Vec<_>>(), vec![(7, 2), (8, 1)]);
+    }
+
+    /// The batch owns its sequences' appends: when a sequence's length in the pool moved
+    /// under it (an append from elsewhere filled its tail page), the finishing append
+    /// allocates a page the batch never planned for, and the step reports it as an error
+    /// instead of going on.
+    #[test]
+    fn a_finishing_append_that_would_allocate_is_an_error() {
+        let mut p = pool(16, 4);
+        let seq = p.allocate(1).unwrap();
+        let mut b = DecodeBatch::new(4);
+        let mut out = StepOutcome::default();
+        // Three tokens to produce, within the headroom of 3: no touch before the finish.
+        b.admit(&p, 0, seq, 1, 3).unwrap();
+        p.append(seq, 3).unwrap();
+        b.step(&mut p, &mut out).unwrap();
+        b.step(&mut p, &mut out).unwrap();
+        assert!(matches!(
+            b.step(&mut p, &mut out),
+            Err(ServeError::HeadroomAllocated { tokens: 3 })
+        ));
+        assert_eq!(p.table(seq).unwrap().len(), 2, "the page the error reports");
+    }
+
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             2 => (1u16..120, 0u8..60).prop_map(|(ctx, left)| Op::Admit { ctx, left }),
