@@ -159,3 +159,141 @@ fn a_load_holds_the_prefix_blocks_it_reads_until_it_completes() {
     load_and_prefill(&mut e, 30, 1, q, false);
     assert_eq!((readers(&e, "kv:11"), readers(&e, "kv:12")), (0, 0));
 }
+
+/// The job of a fingerprint action (every arrival's first action).
+fn fingerprinted(a: Option<Action>) -> u32 {
+    match a {
+        Some(Action::Fingerprint { job, .. }) => job,
+        other => panic!("expected a fingerprint, got {other:?}"),
+    }
+}
+
+/// Actions leave in the order decided, also when an input comes before the driver drained
+/// the earlier ones: those stay first, in their order, and the new input's follow.
+#[test]
+fn actions_come_out_in_decision_order_across_inputs() {
+    let trace: Vec<_> = (0..4).map(|i| req(i, 64)).collect();
+    let mut e = engine(two_prefills(Mode::B3), &trace);
+    for i in 0..3 {
+        e.arrive(0, i).unwrap();
+    }
+    assert_eq!(fingerprinted(e.poll_action()), 0);
+    e.arrive(0, 3).unwrap();
+    let rest: Vec<u32> = std::iter::from_fn(|| e.poll_action())
+        .map(|a| fingerprinted(Some(a)))
+        .collect();
+    assert_eq!(rest, vec![1, 2, 3]);
+}
+
+/// One worker per role instance (disaggregated) or per colocated instance, and a KV pool
+/// of `kv_pages` on every worker that decodes.
+#[test]
+fn workers_and_kv_pools_follow_the_config() {
+    let trace = vec![req(0, 64)];
+    let epd = EngineConfig {
+        encoders: 2,
+        prefills: 3,
+        decodes: 2,
+        ..two_prefills(Mode::B3)
+    };
+    let e = engine(epd.clone(), &trace);
+    assert_eq!(e.workers(), 7);
+    let pools = e.pool_stats();
+    assert_eq!(pools.len(), 2, "one pool per decode worker");
+    assert!(pools
+        .iter()
+        .all(|p| p.capacity == epd.kv_pages && p.free == epd.kv_pages && p.used == 0));
+    let b0 = EngineConfig {
+        colocated: 3,
+        ..two_prefills(Mode::B0)
+    };
+    let e = engine(b0.clone(), &trace);
+    assert_eq!(e.workers(), 3);
+    assert_eq!(e.pool_stats().len(), 3);
+}
+
+/// Under smart scheduling, workers with the same predicted drain time take turns: a tie
+/// goes to the first at or after the cursor, and the cursor moves past the chosen one.
+#[test]
+fn tied_workers_take_turns_under_smart_scheduling() {
+    let trace: Vec<_> = (0..4).map(|i| req(i, 100)).collect();
+    let cfg = EngineConfig {
+        prefills: 3,
+        ..two_prefills(Mode::Full)
+    };
+    let mut e = engine(cfg, &trace);
+    let placed: Vec<u32> = (0..4).map(|i| place(&mut e, 0, i)).collect();
+    // Worker 0 encodes; 1, 2 and 3 prefill. The fourth request ties all three again.
+    assert_eq!(placed, vec![1, 2, 3, 1]);
+}
+
+/// A run cut off mid-decode hands back every token produced: the prefill's first one and
+/// one per completed decode iteration, reported by the batch only at the cut.
+#[test]
+fn a_cut_off_run_counts_the_tokens_of_completed_iterations() {
+    let trace = [ToyRequest {
+        output: 10,
+        ..req(0, 64)
+    }];
+    let mut e = engine(two_prefills(Mode::B3), &trace);
+    let mut decodes = 0;
+    // Stop when the third iteration is decided: two have completed by then.
+    let stopped = super::toy::drive(
+        &mut e,
+        &[0],
+        |_, _| 5,
+        |seen| match seen {
+            super::toy::Seen::Action(_, Action::Decode { .. }) => {
+                decodes += 1;
+                if decodes == 3 {
+                    Err("cut".into())
+                } else {
+                    Ok(())
+                }
+            }
+            _ => Ok(()),
+        },
+    );
+    assert!(stopped.is_err());
+    let (served, _, _) = e.into_served();
+    assert_eq!(served[0].rec.output_tokens, 1 + 2);
+}
+
+/// An encoder that answers every image with `len` bytes.
+struct FixedOutputs(usize);
+
+impl super::EncoderOutputs for FixedOutputs {
+    fn take(&mut self, _job: u32, _idx: u32) -> Option<Vec<u8>> {
+        Some(vec![7; self.0])
+    }
+}
+
+/// With real payloads the engine commits what the driver's encoder produced: an output of
+/// the wrong size stops the run with [`super::ServeError::EncoderOutput`] instead of
+/// being replaced by stand-in bytes.
+#[test]
+fn real_payloads_commit_the_drivers_encoder_outputs() {
+    let trace = [ToyRequest {
+        images: vec![(42, 64)],
+        ..req(0, 64)
+    }];
+    let cfg = || EngineConfig {
+        payloads: Payloads::Bytes,
+        ..two_prefills(Mode::B1)
+    };
+    let run = |outputs: Option<usize>| {
+        let mut e = engine(cfg(), &trace);
+        if let Some(len) = outputs {
+            e.set_encoder_outputs(Box::new(FixedOutputs(len)));
+        }
+        super::toy::drive(&mut e, &[0], |_, _| 5, |_| Ok(()))
+    };
+    // Stand-in bytes without an encoder's outputs; a wrong-sized output is refused.
+    assert!(run(None).is_ok());
+    assert!(matches!(
+        run(Some(3)),
+        Err(super::toy::DriveError::Engine(
+            super::ServeError::EncoderOutput { job: 0, idx: 0, .. }
+        ))
+    ));
+}
