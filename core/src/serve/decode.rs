@@ -425,15 +425,22 @@ mod tests {
         PoolCore::new(PoolConfig::new(cap, block, 3)).unwrap()
     }
 
+    /// A pool of 16 pages of `block` tokens and a batch running one sequence (job 0) of
+    /// `ctx` tokens with `left` to produce.
+    fn one_sequence(block: u32, ctx: u64, left: u64) -> (PoolCore, SeqId, DecodeBatch) {
+        let mut p = pool(16, block);
+        let seq = p.allocate(ctx).unwrap();
+        let mut b = DecodeBatch::new(block);
+        b.admit(&p, 0, seq, ctx, left).unwrap();
+        (p, seq, b)
+    }
+
     /// The batch's point: a sequence's tokens reach the pool only when its tail page is
     /// full (one `append` a page), never token by token. Lengths lag; pages do not.
     #[test]
     fn appends_wait_for_the_page_boundary() {
-        let mut p = pool(16, 16);
-        let seq = p.allocate(1).unwrap();
-        let mut b = DecodeBatch::new(16);
+        let (mut p, seq, mut b) = one_sequence(16, 1, 40);
         let mut out = StepOutcome::default();
-        b.admit(&p, 0, seq, 1, 40).unwrap();
         // Headroom 15: iterations 0..=14 write into the first page without telling the pool.
         for k in 0..15 {
             b.step(&mut p, &mut out).unwrap();
@@ -475,12 +482,9 @@ mod tests {
     /// instead of going on.
     #[test]
     fn a_finishing_append_that_would_allocate_is_an_error() {
-        let mut p = pool(16, 4);
-        let seq = p.allocate(1).unwrap();
-        let mut b = DecodeBatch::new(4);
-        let mut out = StepOutcome::default();
         // Three tokens to produce, within the headroom of 3: no touch before the finish.
-        b.admit(&p, 0, seq, 1, 3).unwrap();
+        let (mut p, seq, mut b) = one_sequence(4, 1, 3);
+        let mut out = StepOutcome::default();
         p.append(seq, 3).unwrap();
         b.step(&mut p, &mut out).unwrap();
         b.step(&mut p, &mut out).unwrap();
