@@ -87,10 +87,11 @@ where
     /// Reserve exactly (see `Vec::reserve_exact`).
     ///
     /// No transparent-huge-page advice (`madvise(MADV_HUGEPAGE)`, used here until
-    /// 2026-12-06): under the kernel's default `defrag=madvise`, advised faults compact
-    /// memory synchronously, and on a host whose free memory is fragmented that stalled the
-    /// 10M-request compile for up to 0.8 s (0.41-1.23 s against 0.45-0.48 s without the
-    /// advice; `sim/README.md`, "Huge pages dropped").
+    /// 2026-12-06): an advised fault must find a free 2 MiB page (under the kernel's
+    /// default `defrag=madvise`, compacting memory synchronously) and zero it, and on a
+    /// virtual machine that huge-page fault path stalled the 10M-request compile for up to
+    /// 0.8 s (0.41-1.23 s against 0.45-0.48 s without the advice; `sim/README.md`, "Huge
+    /// pages dropped").
     pub fn reserve_exact(&mut self, n: usize) {
         self.to_mut().reserve_exact(n);
     }
