@@ -15,8 +15,9 @@
 #
 # Idempotent: a rerun rebuilds the profile from scratch (it is only valid for the
 # source it was measured on). Needs llvm-profdata from the toolchain's llvm-tools
-# component, added with rustup when missing. Takes two release builds (about 6 minutes
-# on 16 cores). Not part of the test suite: the suite tests the code, this is a build.
+# component, added with rustup when missing. Takes two release builds, training runs and
+# two golden runs (6-7 minutes on the project's 2-core machine). Not part of the test
+# suite: the suite tests the code, this is a build.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)

@@ -135,8 +135,8 @@ if [[ $ok_tiny == 0 ]]; then
   # profile and ~170 s of runs for 16 requests per run).
   # Under a short budget (BUDGET_S=300) it gets 8 requests a run, which the estimate puts
   # at ~60 s of profile and ~90 s of runs.
-  if [[ $(left) -gt 440 ]]; then n7b=16; else n7b=8; fi
-  [[ $(left) -gt 120 ]] && step all-7b $(( $(left) > 440 ? 330 : $(left) - 110 )) "$BIN" \
+  if [[ $(left) -gt 440 ]]; then n7b=16 lim7b=330; else n7b=8 lim7b=$(( $(left) - 110 )); fi
+  [[ $(left) -gt 120 ]] && step all-7b $lim7b "$BIN" \
     validate all --compute cuda --base h200 --model qwen2.5-vl-7b --requests $n7b --repeats 1 \
     --out "$WORK/all-7b"
   if [[ $(left) -gt 300 ]]; then reps=3; else reps=1; fi

@@ -207,7 +207,7 @@ fn workers_and_kv_pools_follow_the_config() {
         colocated: 3,
         ..two_prefills(Mode::B0)
     };
-    let e = engine(b0.clone(), &trace);
+    let e = engine(b0, &trace);
     assert_eq!(e.workers(), 3);
     assert_eq!(e.pool_stats().len(), 3);
 }
