@@ -4,7 +4,7 @@
 //! refcounts balance (free + used = capacity at every step, nothing held at the end);
 //! every store object a request reads was committed before; the input log replays to
 //! the same action log; decode page tables (`kv_tables`) name the priced batch and
-//! change no decision (E15).
+//! change no decision (E15); the load signal drains to nothing with the work (E8).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -228,6 +228,20 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
     for (p, cap) in e.pool_stats().iter().zip(&capacity) {
         prop_assert_eq!(p.used, 0, "pages still held at the end");
         prop_assert_eq!(p.free, *cap);
+    }
+    // E8: the load signal drains with the work: once every batch has ended, no worker
+    // has anything queued, in transit or waiting (the signal exists under Full only).
+    let drained = (c.mode == Mode::Full).then_some(0);
+    for w in 0..e.workers() {
+        for role in 0..3 {
+            prop_assert_eq!(
+                e.load_ns(u64::MAX, w, role),
+                drained,
+                "worker {} role {}",
+                w,
+                role
+            );
+        }
     }
     // E4: every object read was committed (a completed put) before the read.
     // E12: every read held open across a load is closed by the end of the run.

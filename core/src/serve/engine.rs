@@ -1178,6 +1178,17 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             if j.branch.is_none() && self.tops[top].rec.prefill_start_ns == NONE {
                 self.tops[top].rec.prefill_start_ns = now;
             }
+            // The chunk now runs: the batch's predicted end (`busy_until`) prices it, so
+            // the queue keeps only the tokens left after it (INVARIANTS E8).
+            let rest = (left - take, j.cached_prefix + j.prefill_done + take);
+            let ns = if rest.0 > 0 {
+                self.priced(|p| p.prefill_ns(&[rest]))
+            } else {
+                0
+            };
+            let queued = std::mem::replace(&mut self.jobs[job as usize].queued_ns, ns);
+            let l = &mut self.workers[w as usize].load;
+            l.prefill_queued_ns = l.prefill_queued_ns - queued + ns;
         }
         // The action's lists follow the chunks (each allocated once, at its size).
         let shapes: Vec<(u32, u32)> = chunks
@@ -1334,19 +1345,10 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
             Inflight::Prefill(chunks) => {
                 for (job, n) in chunks {
-                    let wk = &mut self.workers[w as usize];
                     let j = &mut self.jobs[job as usize];
-                    wk.load.prefill_queued_ns -= std::mem::take(&mut j.queued_ns);
                     j.prefill_done += n;
                     if j.prefill_done + j.cached_prefix < j.prompt {
-                        // Still queued: its remaining tokens, priced again.
-                        let chunk = (
-                            j.prompt - j.cached_prefix - j.prefill_done,
-                            j.cached_prefix + j.prefill_done,
-                        );
-                        let ns = self.priced(|p| p.prefill_ns(&[chunk]));
-                        self.jobs[job as usize].queued_ns = ns;
-                        self.workers[w as usize].load.prefill_queued_ns += ns;
+                        // Still queued; `start_prefill` priced what is left.
                         continue;
                     }
                     // Done: leave the queue (it is at the front part of the queue).

@@ -297,3 +297,150 @@ fn real_payloads_commit_the_drivers_encoder_outputs() {
         ))
     ));
 }
+
+/// The one action of kind `pick` in `a` (panics with the list otherwise).
+fn only<T>(a: &[Action], pick: impl Fn(&Action) -> Option<T>) -> T {
+    let mut found = a.iter().filter_map(pick);
+    match (found.next(), found.next()) {
+        (Some(x), None) => x,
+        _ => panic!("expected exactly one such action in {a:?}"),
+    }
+}
+
+/// E8's arithmetic, by hand from `ToyPricing` (encode 10 ns per visual token; prefill
+/// `5 n + n c / 100` for `n` new tokens after `c` cached; decode `2000 + batch + ctx / 100`;
+/// 1 ns per byte moved): one request through every stage of a Full run, the signal read
+/// at each step. Every item of work is counted once: the batch in flight by its predicted
+/// end, the queue by what is left after it (a running chunk is not also queued).
+#[test]
+fn the_load_signal_prices_each_stage_once() {
+    let trace = [
+        ToyRequest {
+            images: vec![(7, 100)],
+            ..req(0, 200)
+        },
+        ToyRequest {
+            images: vec![(8, 100)],
+            ..req(1, 10)
+        },
+    ];
+    let cfg = EngineConfig {
+        kv_prefix_store: false,
+        ..toy_config(Mode::Full, Payloads::SizeOnly)
+    };
+    let mut e = engine(cfg, &trace);
+    // One worker per role, numbered encoders first.
+    let (enc, pre, dec) = (0, 1, 2);
+    let step = |e: &mut E<'_>, now, w| {
+        e.complete(now, Done::Step(w)).unwrap();
+        actions(e)
+    };
+
+    // Encode: image 0 (100 tokens, 1,000 ns) runs; image 1 waits behind it (the 128-token
+    // batch budget cannot take both).
+    e.arrive(0, 0).unwrap();
+    actions(&mut e);
+    e.complete(0, Done::Fingerprinted(0)).unwrap();
+    let a = actions(&mut e);
+    only(&a, |x| {
+        matches!(x, Action::Encode { worker, .. } if *worker == enc).then_some(())
+    });
+    assert_eq!(e.load_ns(0, enc, 0), Some(1_000));
+    e.arrive(10, 1).unwrap();
+    actions(&mut e);
+    e.complete(10, Done::Fingerprinted(1)).unwrap();
+    assert!(actions(&mut e).is_empty(), "image 1 queues");
+    assert_eq!(e.load_ns(10, enc, 0), Some(990 + 1_000));
+    // Image 0 done: image 1 runs, nothing is queued.
+    let a = step(&mut e, 1_000, enc);
+    only(&a, |x| matches!(x, Action::Encode { .. }).then_some(()));
+    assert_eq!(e.load_ns(1_000, enc, 0), Some(1_000));
+    assert_eq!(e.load_ns(1_500, enc, 0), Some(500));
+
+    // Job 0's embedding (100 x 8 = 800 bytes) is stored, then loads into the prefill
+    // worker: in transit, it brings its read (800 ns) and its whole prefill (200 new
+    // tokens: 1,000 ns).
+    e.complete(1_100, Done::Stored(0, 0)).unwrap();
+    let a = actions(&mut e);
+    assert_eq!(
+        only(&a, |x| match x {
+            Action::Load {
+                worker,
+                embed_bytes,
+                kv_bytes,
+                ..
+            } => Some((*worker, *embed_bytes, *kv_bytes)),
+            _ => None,
+        }),
+        (pre, 800, 0)
+    );
+    assert_eq!(e.load_ns(1_100, pre, 1), Some(800 + 1_000));
+
+    // Loaded: chunk 1 (96 new: 480 ns) runs; queued is only the rest (104 new after 96:
+    // 520 + 99 = 619 ns), not the whole prompt again.
+    e.complete(1_200, Done::Loaded(0)).unwrap();
+    let a = actions(&mut e);
+    only(&a, |x| {
+        matches!(x, Action::Prefill { chunks, .. } if chunks == &[(96, 0)]).then_some(())
+    });
+    assert_eq!(e.load_ns(1_200, pre, 1), Some(480 + 619));
+    assert_eq!(e.load_ns(1_400, pre, 1), Some(280 + 619));
+    // Chunk 2 (96 after 96: 480 + 92 = 572 ns); left: 8 after 192 (40 + 15 = 55 ns).
+    step(&mut e, 1_680, pre);
+    assert_eq!(e.load_ns(1_680, pre, 1), Some(572 + 55));
+    // Chunk 3, the last: nothing queued behind it.
+    step(&mut e, 2_252, pre);
+    assert_eq!(e.load_ns(2_252, pre, 1), Some(55));
+
+    // Prefill done: the KV (200 x 16 = 3,200 bytes) moves to the decode worker, which
+    // sees it in transit and prices its next iteration with the sequence admitted
+    // (batch 1, 200 tokens: 2,000 + 1 + 2).
+    let a = step(&mut e, 2_307, pre);
+    only(&a, |x| {
+        matches!(x, Action::Transfer { to: Some(w), bytes: 3_200, .. } if *w == dec).then_some(())
+    });
+    assert_eq!(e.load_ns(2_307, pre, 1), Some(0));
+    assert_eq!(e.load_ns(2_307, dec, 2), Some(3_200 + 2_003));
+    // The KV arrives: the first decode iteration (batch 1, 201 tokens: 2,003 ns) runs,
+    // and the next one is priced the same.
+    e.complete(5_507, Done::KvArrived(0)).unwrap();
+    let a = actions(&mut e);
+    only(&a, |x| {
+        matches!(
+            x,
+            Action::Decode {
+                batch: 1,
+                ctx_sum: 201,
+                ..
+            }
+        )
+        .then_some(())
+    });
+    assert_eq!(e.load_ns(5_507, dec, 2), Some(2_003 + 2_003));
+    assert_eq!(e.load_ns(6_000, dec, 2), Some(1_510 + 2_003));
+    // Its second and last output token: the decode worker drains to nothing.
+    step(&mut e, 7_510, dec);
+    assert!(e.served()[0].done);
+    assert_eq!(e.load_ns(7_510, dec, 2), Some(0));
+}
+
+/// E8: context beyond a decode worker's KV pool is priced as its recompute (a prefill of
+/// the overflow), on top of the transfer and the next iteration.
+#[test]
+fn decode_overflow_beyond_the_pool_is_priced_as_recompute() {
+    // 256 pages of 8 tokens hold 2,048 tokens; a 3,000-token prompt overflows by 952.
+    let trace = [req(0, 3_000)];
+    let cfg = EngineConfig {
+        kv_prefix_store: false,
+        prefill_chunk_tokens: 1 << 20,
+        ..toy_config(Mode::Full, Payloads::SizeOnly)
+    };
+    let mut e = engine(cfg, &trace);
+    assert_eq!(e.pool_stats().iter().map(|p| p.free).max(), Some(256));
+    let pre = place(&mut e, 0, 0);
+    load_and_prefill(&mut e, 10, 0, pre, true);
+    let dec = 2;
+    // KV: 3,000 x 16 = 48,000 bytes; next iteration 2,000 + 1 + 30; recompute of 952
+    // tokens 5 x 952 = 4,760.
+    assert_eq!(e.load_ns(11, dec, 2), Some(48_000 + 2_031 + 4_760));
+}
