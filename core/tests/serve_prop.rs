@@ -152,6 +152,14 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
                         check(seqs.is_empty(), &|| "page tables without kv_tables".into())?;
                     }
                 }
+                // A prefill batch stays within its token budget and runs no empty chunk.
+                if let Action::Prefill { chunks, .. } = a {
+                    let tokens: u32 = chunks.iter().map(|c| c.0).sum();
+                    check(
+                        tokens <= cfg.prefill_chunk_tokens && chunks.iter().all(|c| c.0 > 0),
+                        &|| format!("prefill batch {chunks:?} over {}", cfg.prefill_chunk_tokens),
+                    )?;
+                }
                 match a {
                     // One batch at a time per worker.
                     Action::Encode { worker, .. }

@@ -607,11 +607,12 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         }
     }
 
-    /// Queue `job` for prefill on `w` (its remaining tokens priced for the load signal).
+    /// Queue `job` for prefill on `w` (its uncached tokens priced for the load signal). A
+    /// job is queued once, before any of its chunks ran.
     fn queue_prefill(&mut self, w: WorkerId, job: JobId) {
         let j = &self.jobs[job as usize];
-        let new = j.prompt - j.cached_prefix - j.prefill_done;
-        let chunk = (new, j.cached_prefix + j.prefill_done);
+        debug_assert_eq!(j.prefill_done, 0, "job {job} queued twice");
+        let chunk = (j.prompt - j.cached_prefix, j.cached_prefix);
         let ns = self.priced(|p| p.prefill_ns(&[chunk]));
         self.jobs[job as usize].queued_ns = ns;
         let wk = &mut self.workers[w as usize];

@@ -339,7 +339,18 @@ fn the_load_signal_prices_each_stage_once() {
     // Encode: image 0 (100 tokens, 1,000 ns) runs; image 1 waits behind it (the 128-token
     // batch budget cannot take both).
     e.arrive(0, 0).unwrap();
-    actions(&mut e);
+    let a = actions(&mut e);
+    // The fingerprint reads the image's pixels: 100 tokens x 12 bytes.
+    only(&a, |x| {
+        matches!(
+            x,
+            Action::Fingerprint {
+                job: 0,
+                pixel_bytes: 1_200
+            }
+        )
+        .then_some(())
+    });
     e.complete(0, Done::Fingerprinted(0)).unwrap();
     let a = actions(&mut e);
     only(&a, |x| {
@@ -422,6 +433,85 @@ fn the_load_signal_prices_each_stage_once() {
     step(&mut e, 7_510, dec);
     assert!(e.served()[0].done);
     assert_eq!(e.load_ns(7_510, dec, 2), Some(0));
+    // The record: prefill started with the first chunk; one image encoded and its 800
+    // bytes put, the only encoder output on the link (image 1 is still encoding).
+    let r = &e.served()[0].rec;
+    assert_eq!(r.prefill_start_ns, 1_200);
+    assert_eq!((r.images_encoded, r.bytes_encoder_store), (1, 800));
+    assert_eq!(e.counters().images_encoded, 1);
+    assert_eq!(e.counters().link_bytes[0], 800);
+}
+
+/// A toy pricing with a fixed cost per prefill iteration, so that pricing an empty
+/// remainder (zero tokens) shows up in the signal.
+struct PrefillOverhead;
+
+impl super::Pricing for PrefillOverhead {
+    fn encode_ns(&self, tokens: &[u32]) -> u64 {
+        ToyPricing.encode_ns(tokens)
+    }
+    fn prefill_ns(&self, chunks: &[(u32, u32)]) -> u64 {
+        1_000 + ToyPricing.prefill_ns(chunks)
+    }
+    fn decode_ns(&self, batch: u32, ctx_sum: u64) -> u64 {
+        ToyPricing.decode_ns(batch, ctx_sum)
+    }
+    fn transfer_ns(&self, flow: super::Flow, bytes: u64) -> u64 {
+        ToyPricing.transfer_ns(flow, bytes)
+    }
+}
+
+/// E8: nothing left is priced as nothing, even where an iteration has a fixed cost: a
+/// prompt whose one chunk runs leaves no queued price, and a context that fits the pool
+/// adds no recompute.
+#[test]
+fn nothing_left_is_priced_as_nothing() {
+    let trace = [req(0, 100)];
+    let cfg = EngineConfig {
+        kv_prefix_store: false,
+        prefill_chunk_tokens: 1 << 20,
+        ..toy_config(Mode::Full, Payloads::SizeOnly)
+    };
+    let store = MemStore::new(MemStoreConfig::with_capacity(1 << 20)).unwrap();
+    let mut e: E<'_> = Engine::new(cfg, store, &trace, Some(Box::new(PrefillOverhead))).unwrap();
+    let pre = place(&mut e, 0, 0);
+    // The one chunk: 1,000 + 5 x 100 ns, nothing queued behind it.
+    load_and_prefill(&mut e, 10, 0, pre, false);
+    assert_eq!(e.load_ns(10, pre, 1), Some(1_500));
+    // Done: the KV (1,600 bytes) in transit and the next iteration (2,000 + 1 + 1), no
+    // recompute (100 tokens fit 2,048).
+    e.complete(1_510, Done::Step(pre)).unwrap();
+    actions(&mut e);
+    assert_eq!(e.load_ns(1_510, 2, 2), Some(1_600 + 2_002));
+}
+
+/// E8: a queued prompt is priced by its tokens not found in the prefix store, after the
+/// cached ones.
+#[test]
+fn a_queued_prompt_is_priced_after_its_cached_prefix() {
+    // 0 publishes blocks 11 and 12 (32 tokens); 1 keeps the one prefill worker busy; 2
+    // shares 0's blocks and waits behind 1.
+    let mut a = req(0, 40);
+    a.blocks = vec![11, 12];
+    let mut c = req(2, 40);
+    c.blocks = vec![11, 12];
+    let trace = [a, req(1, 1_000), c];
+    let cfg = EngineConfig {
+        prefill_chunk_tokens: 1 << 20,
+        ..toy_config(Mode::Full, Payloads::SizeOnly)
+    };
+    let mut e = engine(cfg, &trace);
+    let pre = place(&mut e, 0, 0);
+    load_and_prefill(&mut e, 10, 0, pre, true);
+    assert_eq!(place(&mut e, 20, 1), pre);
+    // 1,000 new tokens: 5,000 ns, busy until 5,030.
+    load_and_prefill(&mut e, 30, 1, pre, false);
+    assert_eq!(place(&mut e, 40, 2), pre);
+    assert_eq!(e.counters().kv_hits, 2);
+    e.complete(50, Done::Loaded(2)).unwrap();
+    assert!(actions(&mut e).is_empty(), "job 2 waits behind job 1");
+    // 8 new tokens after 32 cached: 40 + 8 x 32 / 100 = 42 ns.
+    assert_eq!(e.load_ns(50, pre, 1), Some(4_980 + 42));
 }
 
 /// E8: context beyond a decode worker's KV pool is priced as its recompute (a prefill of
