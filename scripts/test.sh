@@ -5,7 +5,7 @@
 #   2. a real Mooncake Store on loopback (scripts/mooncake.sh up; stopped by PID on exit)
 #   3. unit, property and integration tests of every crate, the real-store tests included
 #   3b. the Transfer Engine KV path: scripts/transfer_engine.sh builds Mooncake's Transfer
-#      Engine once per machine (~12-21 min on 2 cores; then it returns at once), then clippy and
+#      Engine once per machine (2-21 min measured on 2 cores; then it returns at once), then clippy and
 #      the feature's test target with the env it prints (MOONAGENT_SKIP_TRANSFER_ENGINE=1
 #      skips it, except under CI=true)
 #   3c. feature cuda's clippy and no-device tests (cudarc loads CUDA at run time: no GPU needed)

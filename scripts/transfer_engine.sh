@@ -91,7 +91,7 @@ build() {
   install_packages
   local start src prefix secs
   start=$(date +%s)
-  log "building the Transfer Engine from $TARBALL into $DEST (about 12 min on 2 cores); log $LOG"
+  log "building the Transfer Engine from $TARBALL into $DEST (2-21 min measured on 2 cores); log $LOG"
   rm -rf "$DEST/src" "$LIB"
   mkdir -p "$DEST/src"
   tar xzf "$TARBALL" -C "$DEST/src"
