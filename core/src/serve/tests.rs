@@ -15,6 +15,14 @@ fn req(id: u64, prompt: u32) -> ToyRequest {
     }
 }
 
+/// A request whose prompt begins with the prefix blocks `blocks`.
+fn with_blocks(id: u64, prompt: u32, blocks: &[u64]) -> ToyRequest {
+    ToyRequest {
+        blocks: blocks.to_vec(),
+        ..req(id, prompt)
+    }
+}
+
 /// Two prefill workers, no prefix store, one chunk per prompt.
 fn two_prefills(mode: Mode) -> EngineConfig {
     EngineConfig {
@@ -135,11 +143,7 @@ fn readers(e: &E<'_>, key: &str) -> u32 {
 fn a_load_holds_the_prefix_blocks_it_reads_until_it_completes() {
     // Request 0 computes and publishes blocks 11 and 12; request 1 shares them, so its
     // load reads them from the store over time (INVARIANTS E12).
-    let mut a = req(0, 40);
-    a.blocks = vec![11, 12];
-    let mut b = req(1, 40);
-    b.blocks = vec![11, 12];
-    let trace = [a, b];
+    let trace = [with_blocks(0, 40, &[11, 12]), with_blocks(1, 40, &[11, 12])];
     let cfg = EngineConfig {
         kv_prefix_store: true,
         ..two_prefills(Mode::B3)
@@ -491,11 +495,11 @@ fn nothing_left_is_priced_as_nothing() {
 fn a_queued_prompt_is_priced_after_its_cached_prefix() {
     // 0 publishes blocks 11 and 12 (32 tokens); 1 keeps the one prefill worker busy; 2
     // shares 0's blocks and waits behind 1.
-    let mut a = req(0, 40);
-    a.blocks = vec![11, 12];
-    let mut c = req(2, 40);
-    c.blocks = vec![11, 12];
-    let trace = [a, req(1, 1_000), c];
+    let trace = [
+        with_blocks(0, 40, &[11, 12]),
+        req(1, 1_000),
+        with_blocks(2, 40, &[11, 12]),
+    ];
     let cfg = EngineConfig {
         prefill_chunk_tokens: 1 << 20,
         ..toy_config(Mode::Full, Payloads::SizeOnly)
