@@ -446,6 +446,15 @@ fn the_load_signal_prices_each_stage_once() {
     assert_eq!(e.counters().link_bytes[0], 800);
 }
 
+/// Full mode on the toy cluster, no prefix store, one chunk per prompt.
+fn one_chunk_full() -> EngineConfig {
+    EngineConfig {
+        kv_prefix_store: false,
+        prefill_chunk_tokens: 1 << 20,
+        ..toy_config(Mode::Full, Payloads::SizeOnly)
+    }
+}
+
 /// A toy pricing with a fixed cost per prefill iteration, so that pricing an empty
 /// remainder (zero tokens) shows up in the signal.
 struct PrefillOverhead;
@@ -471,12 +480,8 @@ impl super::Pricing for PrefillOverhead {
 #[test]
 fn nothing_left_is_priced_as_nothing() {
     let trace = [req(0, 100)];
-    let cfg = EngineConfig {
-        kv_prefix_store: false,
-        prefill_chunk_tokens: 1 << 20,
-        ..toy_config(Mode::Full, Payloads::SizeOnly)
-    };
     let store = MemStore::new(MemStoreConfig::with_capacity(1 << 20)).unwrap();
+    let cfg = one_chunk_full();
     let mut e: E<'_> = Engine::new(cfg, store, &trace, Some(Box::new(PrefillOverhead))).unwrap();
     let pre = place(&mut e, 0, 0);
     // The one chunk: 1,000 + 5 x 100 ns, nothing queued behind it.
@@ -524,12 +529,7 @@ fn a_queued_prompt_is_priced_after_its_cached_prefix() {
 fn decode_overflow_beyond_the_pool_is_priced_as_recompute() {
     // 256 pages of 8 tokens hold 2,048 tokens; a 3,000-token prompt overflows by 952.
     let trace = [req(0, 3_000)];
-    let cfg = EngineConfig {
-        kv_prefix_store: false,
-        prefill_chunk_tokens: 1 << 20,
-        ..toy_config(Mode::Full, Payloads::SizeOnly)
-    };
-    let mut e = engine(cfg, &trace);
+    let mut e = engine(one_chunk_full(), &trace);
     assert_eq!(e.pool_stats().iter().map(|p| p.free).max(), Some(256));
     let pre = place(&mut e, 0, 0);
     load_and_prefill(&mut e, 10, 0, pre, true);
