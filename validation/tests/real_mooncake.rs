@@ -146,7 +146,9 @@ fn real_store_matches_memstore_and_fills_when_all_leased() {
         .unwrap_or(256 << 20);
     let obj = 1u64 << 20;
     let fits = (segment / obj) as usize;
-    let run = |s: &mut dyn Store, tag: &str| -> Vec<bool> {
+    // Per put: whether it succeeded, and whether the read right after it found the
+    // object (and so leased it).
+    let run = |s: &mut dyn Store, tag: &str| -> Vec<(bool, bool)> {
         (0..fits + 16)
             .map(|i| {
                 let key = format!("{ns}:{tag}:{i}");
@@ -158,28 +160,40 @@ fn real_store_matches_memstore_and_fills_when_all_leased() {
                         &ReplicateConfig::default(),
                     )
                     .is_ok();
-                if ok {
-                    let _ = s.get_size(0, &key);
-                }
-                ok
+                (ok, ok && s.get_size(0, &key).is_ok())
             })
             .collect()
     };
     let mut mem: MemStore<String> = MemStore::new(MemStoreConfig::with_capacity(segment)).unwrap();
     let m = run(&mut mem, "mem");
     let r = run(&mut real, "leased");
-    let ok = |v: &[bool]| v.iter().filter(|&&b| b).count();
-    assert_eq!(ok(&m), fits);
-    assert!(m[fits..].iter().all(|&b| !b));
-    // The real segment also carries the conformance objects' allocator slack: allow one slot.
-    assert!(
-        ok(&r) + 1 >= fits && ok(&r) <= fits,
-        "real store took {} of {fits}",
-        ok(&r)
+    let count =
+        |v: &[(bool, bool)], f: fn(&(bool, bool)) -> bool| v.iter().filter(|x| f(x)).count();
+    assert_eq!(count(&m, |x| x.0), fits);
+    assert_eq!(
+        count(&m, |x| x.1),
+        fits,
+        "MemStore reads every object it took"
     );
+    assert!(m[fits..].iter().all(|x| !x.0));
+    // The real segment also carries the conformance objects' allocator slack: allow one slot.
+    let leased = count(&r, |x| x.1);
     assert!(
-        r[fits..].iter().all(|&b| !b),
-        "every put after the segment is full fails on the real store"
+        leased + 1 >= fits && leased <= fits,
+        "real store leased {leased} of {fits}"
+    );
+    // A put takes no lease: above the eviction watermark the master may evict a fresh
+    // object before the read that would lease it. The experiment's run did not hit that
+    // race; it is the likely cause of a CI run on a loaded host taking 257 of 256, once
+    // (its master log was not kept). Each such eviction frees one slot, and only those let
+    // a put past the full segment succeed: a leased object evicted, or a put beyond a full
+    // segment accepted, still fails here.
+    let evicted_unread = count(&r, |x| x.0 && !x.1);
+    let past_full = count(&r[fits..], |x| x.0);
+    assert!(
+        past_full <= evicted_unread,
+        "{past_full} puts succeeded after the segment was full, with {evicted_unread} \
+         objects evicted before their read: every other put must fail"
     );
     let mut buf = vec![0u8; 16];
     assert!(matches!(
