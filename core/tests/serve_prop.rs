@@ -152,6 +152,14 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
                         check(seqs.is_empty(), &|| "page tables without kv_tables".into())?;
                     }
                 }
+                // An encoder batch stays within its token budget unless it is one image.
+                if let Action::Encode { tokens, .. } = a {
+                    let sum: u64 = tokens.iter().map(|&t| u64::from(t)).sum();
+                    let budget = u64::from(cfg.encoder_max_batch_tokens);
+                    check(tokens.len() == 1 || sum <= budget, &|| {
+                        format!("encode batch {tokens:?} over {budget}")
+                    })?;
+                }
                 // A prefill batch stays within its token budget and runs no empty chunk.
                 if let Action::Prefill { chunks, .. } = a {
                     let tokens: u32 = chunks.iter().map(|c| c.0).sum();
