@@ -165,7 +165,12 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
                     let tokens: u32 = chunks.iter().map(|c| c.0).sum();
                     check(
                         tokens <= cfg.prefill_chunk_tokens && chunks.iter().all(|c| c.0 > 0),
-                        &|| format!("prefill batch {chunks:?} over {}", cfg.prefill_chunk_tokens),
+                        &|| {
+                            format!(
+                                "prefill batch {chunks:?}: over {} or an empty chunk",
+                                cfg.prefill_chunk_tokens
+                            )
+                        },
                     )?;
                 }
                 match a {

@@ -607,13 +607,25 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         }
     }
 
+    /// The load signal's price of `job`'s prefill once `done` of its uncached tokens have
+    /// run: the tokens left, after the cached ones and those done; 0 when none are left.
+    fn prefill_left_ns(&self, job: JobId, done: u32) -> u64 {
+        let j = &self.jobs[job as usize];
+        let left = j.prompt - j.cached_prefix - done;
+        if left == 0 {
+            return 0;
+        }
+        self.priced(|p| p.prefill_ns(&[(left, j.cached_prefix + done)]))
+    }
+
     /// Queue `job` for prefill on `w` (its uncached tokens priced for the load signal). A
     /// job is queued once, before any of its chunks ran.
     fn queue_prefill(&mut self, w: WorkerId, job: JobId) {
-        let j = &self.jobs[job as usize];
-        debug_assert_eq!(j.prefill_done, 0, "job {job} queued twice");
-        let chunk = (j.prompt - j.cached_prefix, j.cached_prefix);
-        let ns = self.priced(|p| p.prefill_ns(&[chunk]));
+        debug_assert_eq!(
+            self.jobs[job as usize].prefill_done, 0,
+            "job {job} queued twice"
+        );
+        let ns = self.prefill_left_ns(job, 0);
         self.jobs[job as usize].queued_ns = ns;
         let wk = &mut self.workers[w as usize];
         wk.pre_q.push_back(job);
@@ -1181,12 +1193,7 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             }
             // The chunk now runs: the batch's predicted end (`busy_until`) prices it, so
             // the queue keeps only the tokens left after it (INVARIANTS E8).
-            let rest = (left - take, j.cached_prefix + j.prefill_done + take);
-            let ns = if rest.0 > 0 {
-                self.priced(|p| p.prefill_ns(&[rest]))
-            } else {
-                0
-            };
+            let ns = self.prefill_left_ns(job, j.prefill_done + take);
             let queued = std::mem::replace(&mut self.jobs[job as usize].queued_ns, ns);
             let l = &mut self.workers[w as usize].load;
             l.prefill_queued_ns = l.prefill_queued_ns - queued + ns;
