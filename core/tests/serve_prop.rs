@@ -4,15 +4,20 @@
 //! refcounts balance (free + used = capacity at every step, nothing held at the end);
 //! every store object a request reads was committed before; the input log replays to
 //! the same action log; decode page tables (`kv_tables`) name the priced batch and
-//! change no decision (E15); the load signal drains to nothing with the work (E8).
+//! change no decision (E15); the load signal drains to nothing with the work (E8); every
+//! request record and counter equals its recomputation from the trace, the configuration
+//! and the action log alone (E16).
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use moonagent_core::fork::BranchState;
 use moonagent_core::rng::Rng;
 use moonagent_core::serve::toy::{
-    drive, replay_inputs, toy_config, toy_trace, Input, Seen, ToyPricing,
+    drive, replay_inputs, toy_config, toy_trace, Input, Log, Seen, ToyPricing, ToyRequest,
 };
-use moonagent_core::serve::{Action, Counters, Done, Engine, EngineConfig, Mode, Payloads, NONE};
+use moonagent_core::serve::{
+    Action, Counters, Done, Engine, EngineConfig, Extra, Flow, Mode, Payloads, NONE,
+};
 use moonagent_core::store::{MemStore, MemStoreConfig, OpKind, Recorded};
 use proptest::prelude::*;
 
@@ -134,7 +139,24 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
                             format!("tables hold {sum}, priced {ctx_sum}")
                         })?;
                         let before = last_seqs.remove(worker).unwrap_or_default();
+                        // Every holder of a page is in its worker's batch, so a page is
+                        // shared exactly when two tables of the iteration name it.
+                        let mut holders: BTreeMap<u32, u32> = BTreeMap::new();
+                        for p in seqs.iter().flat_map(|s| &s.pages) {
+                            *holders.entry(*p).or_default() += 1;
+                        }
                         for s in seqs {
+                            let next = s.pages.get((s.len / block) as usize);
+                            let shared = next.is_some_and(|p| holders[p] > 1);
+                            check(s.shared_tail == shared, &|| {
+                                format!(
+                                    "job {}: shared tail {} but the page its next token \
+                                     writes, {next:?}, is held by {:?} tables",
+                                    s.job,
+                                    s.shared_tail,
+                                    next.map(|p| holders[p])
+                                )
+                            })?;
                             check(s.pages.len() as u64 * block >= s.len, &|| {
                                 format!(
                                     "job {}: {} pages for {} tokens",
@@ -305,11 +327,408 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
             .all(|m| m.readers == 0),
         "an object is still held as being read after the run"
     );
+    check_accounting(&cfg, &tr, &e, &log)?;
     Ok((
         *e.counters(),
         reads,
         log.actions.into_iter().map(|(_, a)| a).collect(),
     ))
+}
+
+type ToyEngine<'a> = Engine<'a, Recorded<MemStore<String>>, ToyRequest>;
+
+/// What the action log says one job did.
+#[derive(Debug, Default)]
+struct JobSeen {
+    /// Its prompt and the cached prefix its first prefill chunk started after.
+    prefill: Option<(u32, u32)>,
+    /// First prefill start, last prefill batch end.
+    prefill_span: (u64, u64),
+    /// Visual tokens of each image encoded for it.
+    encoded: Vec<u32>,
+    /// First encode start, last encode batch end (`NONE`: nothing encoded).
+    encode_span: (u64, u64),
+    /// Its load: embedding and prefix KV bytes.
+    load: Option<(u64, u64)>,
+    /// Bytes it put encoder -> store and moved prefill -> decode.
+    put_bytes: u64,
+    kv_put_bytes: u64,
+    /// End of the last decode iteration that named it (`kv_tables`).
+    last_decode_end: Option<u64>,
+}
+
+/// E16: every request record and every counter, recomputed from the trace, the
+/// configuration, the action log and the store's operations, none of them read from the
+/// engine's own bookkeeping. Each job's share is found by what the actions name (its
+/// encodes, load, prefill chunks and decode iterations); the engine only says which
+/// request and branch a job serves.
+fn check_accounting(
+    cfg: &EngineConfig,
+    tr: &[ToyRequest],
+    e: &ToyEngine<'_>,
+    log: &Log,
+) -> Result<(), TestCaseError> {
+    let disagg = cfg.mode.disaggregated();
+    let (ebpt, kvbpt) = (cfg.encoder_bytes_per_token, cfg.kv_bytes_per_token);
+    // A batch ends at its worker's next step completion (one batch at a time per worker,
+    // every duration at least 1 ns).
+    let mut steps: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for &(t, input) in &log.inputs {
+        if let Input::Complete(Done::Step(w)) = input {
+            steps.entry(w).or_default().push(t);
+        }
+    }
+    let end = |w: u32, t: u64| -> Result<u64, TestCaseError> {
+        let ts = steps.get(&w).map_or(&[][..], |v| v.as_slice());
+        let i = ts.partition_point(|&x| x <= t);
+        ts.get(i)
+            .copied()
+            .ok_or_else(|| TestCaseError::fail(format!("batch of worker {w} at {t} never ended")))
+    };
+    let mut jobs: BTreeMap<u32, JobSeen> = BTreeMap::new();
+    let (mut stored, mut tail_copies) = (0u64, 0u64);
+    for (t, a) in &log.actions {
+        let t = *t;
+        match a {
+            Action::Encode {
+                worker,
+                images,
+                tokens,
+            } => {
+                let done = end(*worker, t)?;
+                for (img, &tok) in images.iter().zip(tokens) {
+                    let j = jobs.entry(img.job).or_default();
+                    if j.encoded.is_empty() {
+                        j.encode_span.0 = t;
+                    }
+                    j.encoded.push(tok);
+                    j.encode_span.1 = j.encode_span.1.max(done);
+                }
+            }
+            Action::Prefill {
+                worker,
+                chunks,
+                jobs: js,
+            } => {
+                let done = end(*worker, t)?;
+                for (&(job, prompt), &(_, before)) in js.iter().zip(chunks) {
+                    let j = jobs.entry(job).or_default();
+                    if j.prefill.is_none() {
+                        j.prefill = Some((prompt, before));
+                        j.prefill_span.0 = t;
+                    }
+                    j.prefill_span.1 = j.prefill_span.1.max(done);
+                }
+            }
+            Action::Load {
+                job,
+                embed_bytes,
+                kv_bytes,
+                ..
+            } => {
+                let j = jobs.entry(*job).or_default();
+                prop_assert!(j.load.is_none(), "job {} loaded twice", job);
+                j.load = Some((*embed_bytes, *kv_bytes));
+            }
+            Action::Transfer {
+                bytes,
+                done: Some(Done::Stored(job, _)),
+                flow,
+                ..
+            } => {
+                prop_assert_eq!(*flow, Flow::Put);
+                jobs.entry(*job).or_default().put_bytes += bytes;
+                stored += 1;
+            }
+            Action::Transfer {
+                bytes,
+                done: Some(Done::KvArrived(job)),
+                flow,
+                ..
+            } => {
+                prop_assert_eq!(*flow, Flow::KvPut);
+                jobs.entry(*job).or_default().kv_put_bytes += bytes;
+            }
+            Action::Decode {
+                worker,
+                seqs,
+                extra,
+                ..
+            } => {
+                let done = end(*worker, t)?;
+                for s in seqs {
+                    jobs.entry(s.job).or_default().last_decode_end = Some(done);
+                }
+                for x in extra {
+                    if let Extra::TailCopy { bytes } = x {
+                        tail_copies += bytes;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut of_top: Vec<Vec<(u32, Option<u32>)>> = vec![Vec::new(); tr.len()];
+    for job in 0u32.. {
+        let Some((top, branch)) = e.job_request(job) else {
+            break;
+        };
+        of_top[top].push((job, branch));
+    }
+    let none = JobSeen::default();
+    let seen = |job: u32| jobs.get(&job).unwrap_or(&none);
+    let c = e.counters();
+    let mut sum = Counters::default();
+    let (mut forks, mut forkable, mut avoided, mut clones) = (0u64, 0u64, 0u64, 0u64);
+    let (mut shared_pages, mut tail_bytes, mut lookups) = (0u64, 0u64, 0u64);
+    let state_bytes = std::mem::size_of::<BranchState>() as u64;
+    for (top, r) in tr.iter().enumerate() {
+        let rec = &e.served()[top].rec;
+        let js = &of_top[top];
+        // The jobs that prefilled: the request's own, and its branches unless forked.
+        let routed: Vec<(u32, Option<u32>)> = js
+            .iter()
+            .copied()
+            .filter(|&(j, _)| seen(j).prefill.is_some())
+            .collect();
+        let forked = js
+            .iter()
+            .any(|&(j, b)| b.is_some() && seen(j).prefill.is_none());
+        let (n, nr) = (r.branches.len() as u64, routed.len() as u64);
+        prop_assert!(
+            js[0].1.is_none() && routed.first() == Some(&js[0]),
+            "request {}",
+            top
+        );
+        prop_assert!(
+            nr == 1 + if forked { 0 } else { n } && js.len() as u64 == 1 + n,
+            "request {}: {} jobs, {} prefilled, forked: {}",
+            top,
+            js.len(),
+            nr,
+            forked
+        );
+        let mut distinct: Vec<(u64, u32)> = Vec::new();
+        for &img in &r.images {
+            if !distinct.iter().any(|d| d.0 == img.0) {
+                distinct.push(img);
+            }
+        }
+        let distinct_tokens: u64 = distinct.iter().map(|d| u64::from(d.1)).sum();
+        let refs = r.images.len() as u64;
+        let encoded: Vec<u32> = js
+            .iter()
+            .flat_map(|&(j, _)| seen(j).encoded.clone())
+            .collect();
+        let enc_tokens: u64 = encoded.iter().map(|&t| u64::from(t)).sum();
+        let msg = |what: &str| format!("request {top}: {what}");
+        prop_assert_eq!(u64::from(rec.images), nr * refs, "{}", msg("images"));
+        prop_assert_eq!(
+            u64::from(rec.images_dedup),
+            nr * (refs - distinct.len() as u64),
+            "{}",
+            msg("images de-duplicated")
+        );
+        prop_assert_eq!(
+            rec.images_encoded as usize,
+            encoded.len(),
+            "{}",
+            msg("encoded")
+        );
+        prop_assert_eq!(
+            rec.images_hit + rec.images_encoded + rec.images_dedup,
+            rec.images,
+            "{}",
+            msg("hit + encoded + de-duplicated")
+        );
+        if !cfg.mode.cache() {
+            prop_assert_eq!(rec.images_hit, 0, "{}", msg("a hit without the cache"));
+        }
+        let put: u64 = js.iter().map(|&(j, _)| seen(j).put_bytes).sum();
+        prop_assert_eq!(
+            put,
+            if disagg { ebpt * enc_tokens } else { 0 },
+            "{}",
+            msg("puts")
+        );
+        prop_assert_eq!(rec.bytes_encoder_store, put, "{}", msg("encoder -> store"));
+        // Prefills: the prompt each ran, the prefix it skipped, what it loaded.
+        let (mut cached, mut loaded, mut to_decode) = (0u64, 0u64, 0u64);
+        for &(j, b) in &routed {
+            let (prompt, before) = seen(j).prefill.unwrap_or_default();
+            let shared = r.prompt.max(1) + r.output.max(1);
+            if b.is_none() {
+                prop_assert_eq!(prompt, r.prompt.max(1), "{}", msg("prompt"));
+            } else {
+                // A branch re-prefills the shared part's whole context.
+                prop_assert_eq!(prompt, shared, "{}", msg("branch prompt"));
+            }
+            prop_assert!(before < prompt, "{}", msg("cached the whole prompt"));
+            cached += u64::from(before);
+            to_decode += u64::from(prompt) * kvbpt;
+            prop_assert_eq!(
+                seen(j).kv_put_bytes,
+                if disagg { u64::from(prompt) * kvbpt } else { 0 }
+            );
+            match seen(j).load {
+                Some((embed, kv)) => {
+                    prop_assert!(disagg, "{}", msg("a load when colocated"));
+                    prop_assert_eq!(embed, ebpt * distinct_tokens, "{}", msg("embedding load"));
+                    prop_assert_eq!(kv, kvbpt * u64::from(before), "{}", msg("prefix load"));
+                    prop_assert!(
+                        u64::from(before) % u64::from(cfg.prefix_block_tokens) == 0
+                            || before + 1 == prompt,
+                        "{}",
+                        msg("a cached prefix of part of a block")
+                    );
+                    loaded += embed + kv;
+                    lookups += r.blocks.len() as u64;
+                }
+                None => {
+                    prop_assert!(!disagg && before == 0, "{}", msg("no load"));
+                }
+            }
+        }
+        prop_assert_eq!(
+            rec.prefix_hit_tokens,
+            cached,
+            "{}",
+            msg("prefix hit tokens")
+        );
+        prop_assert_eq!(
+            rec.bytes_store_prefill,
+            loaded,
+            "{}",
+            msg("store -> prefill")
+        );
+        prop_assert_eq!(
+            rec.bytes_prefill_decode,
+            if disagg { to_decode } else { 0 },
+            "{}",
+            msg("prefill -> decode")
+        );
+        // Tokens: one from each prefill, the rest decoded; forked branches only decode.
+        let out = u64::from(r.output.max(1));
+        let branch_out: u64 = r
+            .branches
+            .iter()
+            .map(|&b| u64::from(if forked { b } else { b.max(1) }))
+            .sum();
+        prop_assert_eq!(
+            rec.output_tokens,
+            out + branch_out,
+            "{}",
+            msg("output tokens")
+        );
+        let longest = r.branches.iter().copied().max().map_or(0, u64::from);
+        prop_assert_eq!(rec.path_tokens, out + longest, "{}", msg("path tokens"));
+        prop_assert_eq!(u64::from(rec.branches), n, "{}", msg("branches"));
+        // Stage times: the request's own job; the finish: its last job's last iteration.
+        let own = seen(js[0].0);
+        let enc = if own.encoded.is_empty() {
+            (NONE, NONE)
+        } else {
+            own.encode_span
+        };
+        prop_assert_eq!(
+            (rec.encode_start_ns, rec.encode_end_ns),
+            enc,
+            "{}",
+            msg("encode span")
+        );
+        prop_assert_eq!(
+            (rec.prefill_start_ns, rec.prefill_end_ns),
+            own.prefill_span,
+            "{}",
+            msg("prefill span")
+        );
+        if cfg.kv_tables {
+            let last = js
+                .iter()
+                .filter_map(|&(j, _)| seen(j).last_decode_end)
+                .max();
+            prop_assert_eq!(Some(rec.finish_ns), last, "{}", msg("finish"));
+        }
+        // Forks: every branch on its parent's pages, the tail copied for all but one.
+        if forked {
+            prop_assert!(cfg.mode.fork(), "{}", msg("forked without fork mode"));
+            let ctx = u64::from(r.prompt.max(1) + r.output.max(1));
+            let block = u64::from(cfg.kv_block_tokens);
+            let tail = ctx % block;
+            forks += 1;
+            clones += n;
+            avoided += ctx * n;
+            shared_pages += if n > 1 {
+                ctx.div_ceil(block) - u64::from(tail > 0)
+            } else {
+                0
+            };
+            tail_bytes += (n - 1) * tail * kvbpt;
+        }
+        forkable += u64::from(n > 0 && cfg.mode.fork());
+        sum.image_refs += u64::from(rec.images);
+        sum.images_hit += u64::from(rec.images_hit);
+        sum.images_encoded += u64::from(rec.images_encoded);
+        sum.images_dedup += u64::from(rec.images_dedup);
+        for (s, b) in sum.link_bytes.iter_mut().zip([
+            rec.bytes_encoder_store,
+            rec.bytes_store_prefill,
+            rec.bytes_prefill_decode,
+        ]) {
+            *s += b;
+        }
+    }
+    // The counters are the records' sums and what the actions and the store saw.
+    prop_assert_eq!(
+        (
+            c.image_refs,
+            c.images_hit,
+            c.images_encoded,
+            c.images_dedup,
+            c.link_bytes
+        ),
+        (
+            sum.image_refs,
+            sum.images_hit,
+            sum.images_encoded,
+            sum.images_dedup,
+            sum.link_bytes
+        )
+    );
+    prop_assert_eq!(c.kv_lookups, if cfg.kv_prefix_store { lookups } else { 0 });
+    prop_assert_eq!(stored, if disagg { c.images_encoded } else { 0 });
+    prop_assert_eq!((c.forks, c.forks + c.forks_refused), (forks, forkable));
+    prop_assert_eq!(c.fork_state_clones, clones);
+    prop_assert_eq!(c.fork_state_bytes, clones * state_bytes);
+    prop_assert_eq!(tail_copies <= c.fork_copy_bytes, true, "{:?}", c);
+    prop_assert_eq!(c.fork_prefill_tokens_avoided, avoided);
+    prop_assert_eq!(c.fork_pages_shared, shared_pages);
+    prop_assert_eq!(tail_copies, tail_bytes);
+    // Branch 0 keeps the parent's private tail, the others their copies: no write lands
+    // on a shared page.
+    prop_assert_eq!(c.fork_copy_bytes, tail_bytes);
+    // Reads held across loads: every hit block and every embedding served or read back.
+    let (mut held, mut unheld, mut kv_holds, mut blob_puts) = (0u64, 0u64, 0u64, 0u64);
+    for op in e.cache().store().ops() {
+        match op.kind {
+            OpKind::BeginRead => {
+                if op.ok {
+                    held += 1;
+                } else {
+                    unheld += 1;
+                }
+                kv_holds += u64::from(op.key.starts_with("kv:"));
+            }
+            OpKind::PutStart if op.key.starts_with("mc:mmblob:") => blob_puts += 1,
+            _ => {}
+        }
+    }
+    prop_assert_eq!((c.reads_held, c.reads_unheld), (held, unheld));
+    prop_assert_eq!(c.kv_hits, kv_holds);
+    prop_assert!(held + unheld >= c.images_hit + c.kv_hits);
+    prop_assert!(held + unheld <= c.images_hit + c.kv_hits + stored);
+    prop_assert_eq!(blob_puts + c.commits_held, stored, "{:?}", c);
+    Ok(())
 }
 
 /// E15: page tables change no decision: the same case with and without them gives the

@@ -464,6 +464,14 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
         &self.tops
     }
 
+    /// The request job `job` serves: its index in [`Engine::served`], and its branch
+    /// (`None`: the request's own prompt and output). `None` for a job not yet created.
+    pub fn job_request(&self, job: JobId) -> Option<(usize, Option<u32>)> {
+        self.jobs
+            .get(job as usize)
+            .map(|j| (j.top as usize, j.branch))
+    }
+
     /// The configuration it decides with.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg

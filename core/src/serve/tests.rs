@@ -538,3 +538,37 @@ fn decode_overflow_beyond_the_pool_is_priced_as_recompute() {
     // tokens 5 x 952 = 4,760.
     assert_eq!(e.load_ns(11, dec, 2), Some(48_000 + 2_031 + 4_760));
 }
+
+#[test]
+fn a_completion_naming_no_job_or_worker_is_refused_not_a_panic() {
+    // One request in, so job 0 exists and job 1 does not (the first id past the end).
+    let trace = [req(0, 40)];
+    let mut e = engine(toy_config(Mode::Full, Payloads::SizeOnly), &trace);
+    e.arrive(0, 0).unwrap();
+    actions(&mut e);
+    for done in [
+        Done::Fingerprinted(1),
+        Done::Stored(1, 0),
+        Done::Loaded(1),
+        Done::KvArrived(1),
+        Done::Step(e.workers()),
+        // A worker with nothing in flight.
+        Done::Step(0),
+    ] {
+        assert!(
+            matches!(e.complete(5, done), Err(super::ServeError::Unexpected(d)) if d == done),
+            "{done:?}"
+        );
+    }
+    assert!(matches!(
+        e.arrive(6, 1),
+        Err(super::ServeError::NoSuchRequest(1))
+    ));
+    // Nothing was decided on the way: the engine goes on with job 0.
+    assert_eq!(actions(&mut e), Vec::new());
+    e.complete(7, Done::Fingerprinted(0)).unwrap();
+    assert!(matches!(
+        actions(&mut e).as_slice(),
+        [Action::Load { job: 0, .. }]
+    ));
+}
