@@ -98,7 +98,9 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
     let mut stored_pending: BTreeMap<u32, u32> = BTreeMap::new();
     let mut loaded: BTreeSet<u32> = BTreeSet::new();
     let mut busy: BTreeSet<u32> = BTreeSet::new();
-    let mut finished_seen = vec![false; tr.len()];
+    let mut finished_seen = vec![None; tr.len()];
+    // A commit left in place for a reader (E13): the input, and the ops and count before it.
+    let (mut storing, mut ops_before, mut held_before) = (false, 0usize, 0u64);
     let arrivals: Vec<u64> = (0..tr.len() as u64).map(|i| i * 50).collect();
     let check = |ok: bool, what: &dyn Fn() -> String| if ok { Ok(()) } else { Err(what()) };
     let log = drive(
@@ -110,6 +112,7 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
                 Done::Step(w) => check(busy.remove(&w), &|| format!("step of idle worker {w}")),
                 Done::Stored(job, _) => {
                     *stored_pending.entry(job).or_insert(0) -= 1;
+                    storing = true;
                     Ok(())
                 }
                 Done::Loaded(job) => {
@@ -170,6 +173,12 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
                             })?;
                         }
                         last_seqs.insert(*worker, seqs.iter().map(|s| s.seq).collect());
+                        // Admission stops at the batch limit (a fork may go past it).
+                        check(
+                            !seqs.iter().any(|s| s.admitted)
+                                || *batch as usize <= cfg.decode_max_batch as usize,
+                            &|| format!("admitted into a batch of {batch}"),
+                        )?;
                     } else {
                         check(seqs.is_empty(), &|| "page tables without kv_tables".into())?;
                     }
@@ -226,16 +235,35 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
                 }
             }
             Seen::After(e) => {
+                // E13: a commit left in place is one whose blob a load is reading: it is
+                // there, so the readback that follows hits and holds it too.
+                let ops = e.cache().store().ops();
+                let held = e.counters().commits_held;
+                if std::mem::take(&mut storing) && held > held_before {
+                    check(
+                        ops[ops_before..].iter().any(|op| {
+                            op.kind == OpKind::BeginRead
+                                && op.ok
+                                && op.key.starts_with("mc:mmblob:")
+                        }),
+                        &|| "a commit left for a reader found no blob to read back".into(),
+                    )?;
+                }
+                (ops_before, held_before) = (ops.len(), held);
                 // E3: pages are conserved at every step.
                 for (p, cap) in e.pool_stats().iter().zip(&capacity) {
                     check(p.free + p.used == *cap, &|| format!("pages {p:?} of {cap}"))?;
                 }
-                // E1: a request finishes once, and stays finished.
+                // E1: a request finishes once, and stays finished: its record does not
+                // change after that (every branch of it has finished).
                 for (i, s) in e.served().iter().enumerate() {
-                    check(s.done || !finished_seen[i], &|| {
-                        format!("request {i} un-finished")
-                    })?;
-                    finished_seen[i] |= s.done;
+                    match &finished_seen[i] {
+                        Some(r) => check(s.done && s.rec == *r, &|| {
+                            format!("request {i} changed after it finished: {r:?} -> {s:?}")
+                        })?,
+                        None if s.done => finished_seen[i] = Some(s.rec),
+                        None => {}
+                    }
                 }
                 Ok(())
             }
@@ -386,7 +414,8 @@ fn check_accounting(
             .ok_or_else(|| TestCaseError::fail(format!("batch of worker {w} at {t} never ended")))
     };
     let mut jobs: BTreeMap<u32, JobSeen> = BTreeMap::new();
-    let (mut stored, mut tail_copies) = (0u64, 0u64);
+    let (mut stored, mut tail_copies, mut recomputes) = (0u64, 0u64, 0u64);
+    let (mut blocks_put, block_bytes) = (0u64, u64::from(cfg.prefix_block_tokens) * kvbpt);
     for (t, a) in &log.actions {
         let t = *t;
         match a {
@@ -449,6 +478,13 @@ fn check_accounting(
                 prop_assert_eq!(*flow, Flow::KvPut);
                 jobs.entry(*job).or_default().kv_put_bytes += bytes;
             }
+            Action::PutBlocks {
+                bytes_each, count, ..
+            } => {
+                prop_assert!(disagg && *count > 0, "{:?}", a);
+                prop_assert_eq!(*bytes_each, block_bytes);
+                blocks_put += u64::from(*count);
+            }
             Action::Decode {
                 worker,
                 seqs,
@@ -460,8 +496,9 @@ fn check_accounting(
                     jobs.entry(s.job).or_default().last_decode_end = Some(done);
                 }
                 for x in extra {
-                    if let Extra::TailCopy { bytes } = x {
-                        tail_copies += bytes;
+                    match x {
+                        Extra::TailCopy { bytes } => tail_copies += bytes,
+                        Extra::Recompute { .. } => recomputes += 1,
                     }
                 }
             }
@@ -698,6 +735,8 @@ fn check_accounting(
     prop_assert_eq!(c.kv_lookups, if cfg.kv_prefix_store { lookups } else { 0 });
     prop_assert_eq!(stored, if disagg { c.images_encoded } else { 0 });
     prop_assert_eq!((c.forks, c.forks + c.forks_refused), (forks, forkable));
+    // Every preempted sequence came back with its context recomputed.
+    prop_assert_eq!(c.preemptions, recomputes);
     prop_assert_eq!(c.fork_state_clones, clones);
     prop_assert_eq!(c.fork_state_bytes, clones * state_bytes);
     prop_assert_eq!(tail_copies <= c.fork_copy_bytes, true, "{:?}", c);
@@ -709,6 +748,7 @@ fn check_accounting(
     prop_assert_eq!(c.fork_copy_bytes, tail_bytes);
     // Reads held across loads: every hit block and every embedding served or read back.
     let (mut held, mut unheld, mut kv_holds, mut blob_puts) = (0u64, 0u64, 0u64, 0u64);
+    let (mut kv_stored, mut blob_keys) = (0u64, BTreeSet::new());
     for op in e.cache().store().ops() {
         match op.kind {
             OpKind::BeginRead => {
@@ -719,15 +759,37 @@ fn check_accounting(
                 }
                 kv_holds += u64::from(op.key.starts_with("kv:"));
             }
-            OpKind::PutStart if op.key.starts_with("mc:mmblob:") => blob_puts += 1,
+            OpKind::PutStart if op.key.starts_with("mc:mmblob:") => {
+                blob_puts += 1;
+                blob_keys.insert(op.key.as_str());
+            }
+            OpKind::PutEnd if op.ok && op.key.starts_with("kv:") => kv_stored += 1,
             _ => {}
         }
     }
     prop_assert_eq!((c.reads_held, c.reads_unheld), (held, unheld));
     prop_assert_eq!(c.kv_hits, kv_holds);
-    prop_assert!(held + unheld >= c.images_hit + c.kv_hits);
-    prop_assert!(held + unheld <= c.images_hit + c.kv_hits + stored);
+    let mc = e.cache().counters();
+    prop_assert_eq!(held + unheld, c.images_hit + c.kv_hits + mc.readback_hits);
     prop_assert_eq!(blob_puts + c.commits_held, stored, "{:?}", c);
+    // The embedding cache: one lookup per distinct image of a job, in cache modes only;
+    // one readback per stored output.
+    let probes = c.image_refs - c.images_dedup;
+    prop_assert_eq!(
+        (mc.lookups, mc.hits, mc.readbacks),
+        (
+            if cfg.mode.cache() { probes } else { 0 },
+            c.images_hit,
+            stored
+        )
+    );
+    if !cfg.mode.cache() {
+        // B1's keys are scoped to the job: no key is written twice, no commit waits.
+        prop_assert_eq!(blob_keys.len() as u64, blob_puts);
+        prop_assert_eq!(c.commits_held, 0);
+    }
+    // Published prefix blocks: the ones the puts stored.
+    prop_assert_eq!(blocks_put, kv_stored);
     Ok(())
 }
 

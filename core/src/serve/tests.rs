@@ -292,8 +292,10 @@ fn real_payloads_commit_the_drivers_encoder_outputs() {
         }
         super::toy::drive(&mut e, &[0], |_, _| 5, |_| Ok(()))
     };
-    // Stand-in bytes without an encoder's outputs; a wrong-sized output is refused.
+    // Stand-in bytes without an encoder's outputs; the encoder's own bytes when they are
+    // the image's size (64 visual tokens x 8 bytes); a wrong-sized output is refused.
     assert!(run(None).is_ok());
+    assert!(run(Some(64 * 8)).is_ok());
     assert!(matches!(
         run(Some(3)),
         Err(super::toy::DriveError::Engine(
@@ -517,6 +519,9 @@ fn a_queued_prompt_is_priced_after_its_cached_prefix() {
     load_and_prefill(&mut e, 30, 1, pre, false);
     assert_eq!(place(&mut e, 40, 2), pre);
     assert_eq!(e.counters().kv_hits, 2);
+    // In transit: busy until 5,030; 32 cached tokens of KV (512 bytes) and the prefill of
+    // the other 8 (40 + 8 x 32 / 100 = 42 ns).
+    assert_eq!(e.load_ns(40, pre, 1), Some(4_990 + 512 + 42));
     e.complete(50, Done::Loaded(2)).unwrap();
     assert!(actions(&mut e).is_empty(), "job 2 waits behind job 1");
     // 8 new tokens after 32 cached: 40 + 8 x 32 / 100 = 42 ns.
@@ -571,4 +576,125 @@ fn a_completion_naming_no_job_or_worker_is_refused_not_a_panic() {
         actions(&mut e).as_slice(),
         [Action::Load { job: 0, .. }]
     ));
+}
+
+/// Encoder batching: images join the running batch while their visual tokens fit the
+/// budget (128 in the toy cluster), an exact fit included; the next image waits.
+#[test]
+fn an_encoder_batch_takes_images_while_they_fit_the_budget() {
+    let trace = [ToyRequest {
+        images: vec![(1, 64), (2, 64), (3, 1)],
+        ..req(0, 200)
+    }];
+    let mut e = engine(toy_config(Mode::B2, Payloads::SizeOnly), &trace);
+    e.arrive(0, 0).unwrap();
+    actions(&mut e);
+    e.complete(0, Done::Fingerprinted(0)).unwrap();
+    let encoded = |a: &[Action]| {
+        only(a, |x| match x {
+            Action::Encode { tokens, .. } => Some(tokens.clone()),
+            _ => None,
+        })
+    };
+    assert_eq!(encoded(&actions(&mut e)), vec![64, 64]);
+    e.complete(640, Done::Step(0)).unwrap();
+    assert_eq!(encoded(&actions(&mut e)), vec![1]);
+}
+
+/// E8: a decode worker's waiting sequence is priced by its own context: once the first
+/// of two sequences is admitted, the next iteration counts the running one and the one
+/// whose KV is still in transit, nothing of the admitted one twice.
+#[test]
+fn a_waiting_sequence_is_priced_by_its_own_context() {
+    let trace = [req(0, 1_000), req(1, 500)];
+    let mut e = engine(one_chunk_full(), &trace);
+    let pre = place(&mut e, 0, 0);
+    load_and_prefill(&mut e, 10, 0, pre, false);
+    assert_eq!(place(&mut e, 20, 1), pre);
+    // Job 0's prefill (5,000 ns) ends; job 1's (2,500 ns) runs and ends.
+    e.complete(5_010, Done::Step(pre)).unwrap();
+    actions(&mut e);
+    e.complete(5_020, Done::Loaded(1)).unwrap();
+    actions(&mut e);
+    e.complete(7_520, Done::Step(pre)).unwrap();
+    actions(&mut e);
+    // Job 0's KV (16,000 bytes) lands: it runs alone (2,000 + 1 + 1,001 / 100 = 2,011
+    // ns) while job 1's (8,000 bytes) is in transit; the next iteration holds both
+    // (2,000 + 2 + 1,501 / 100 = 2,017 ns).
+    e.complete(21_010, Done::KvArrived(0)).unwrap();
+    let dec = 2;
+    assert!(actions(&mut e).iter().any(
+        |a| matches!(a, Action::Decode { worker, batch: 1, ctx_sum: 1_001, .. } if *worker == dec)
+    ));
+    assert_eq!(e.load_ns(21_010, dec, 2), Some(2_011 + 8_000 + 2_017));
+}
+
+/// A store that cannot hold readers: every `begin_read` is refused, the rest is a
+/// [`MemStore`].
+struct NoHolds(MemStore<String>);
+
+impl crate::store::Store for NoHolds {
+    fn put_start(
+        &mut self,
+        now: u64,
+        key: &str,
+        size: u64,
+        cfg: &crate::store::ReplicateConfig,
+    ) -> crate::store::StoreResult<()> {
+        self.0.put_start(now, key, size, cfg)
+    }
+    fn put_end(
+        &mut self,
+        now: u64,
+        key: &str,
+        payload: crate::store::Payload,
+    ) -> crate::store::StoreResult<()> {
+        self.0.put_end(now, key, payload)
+    }
+    fn put_revoke(&mut self, now: u64, key: &str) -> crate::store::StoreResult<()> {
+        self.0.put_revoke(now, key)
+    }
+    fn get_into(&mut self, now: u64, key: &str, buf: &mut [u8]) -> crate::store::StoreResult<u64> {
+        self.0.get_into(now, key, buf)
+    }
+    fn get_size(&mut self, now: u64, key: &str) -> crate::store::StoreResult<u64> {
+        self.0.get_size(now, key)
+    }
+    fn exists(&mut self, now: u64, key: &str) -> crate::store::StoreResult<bool> {
+        self.0.exists(now, key)
+    }
+    fn remove(&mut self, now: u64, key: &str, force: bool) -> crate::store::StoreResult<()> {
+        self.0.remove(now, key, force)
+    }
+    fn begin_read(&mut self, _now: u64, _key: &str) -> crate::store::StoreResult<u64> {
+        Err(crate::store::StoreError::NoAvailableHandle)
+    }
+}
+
+/// E12: a read the store cannot hold goes ahead on the lease and is counted unheld; the
+/// run finishes as it would with holds.
+#[test]
+fn reads_the_store_cannot_hold_go_ahead_unheld() {
+    // 0 encodes image 5 and publishes blocks 11 and 12; 2 (the same tenant) hits all
+    // three.
+    let trace = [
+        ToyRequest {
+            images: vec![(5, 16)],
+            ..with_blocks(0, 40, &[11, 12])
+        },
+        ToyRequest {
+            images: vec![(5, 16)],
+            ..with_blocks(2, 40, &[11, 12])
+        },
+    ];
+    let cfg = toy_config(Mode::Full, Payloads::SizeOnly);
+    let store = NoHolds(MemStore::new(MemStoreConfig::with_capacity(1 << 20)).unwrap());
+    let mut e = Engine::new(cfg, store, &trace, Some(Box::new(ToyPricing))).unwrap();
+    super::toy::drive(&mut e, &[0, 100_000], |_, _| 5, |_| Ok(())).unwrap();
+    assert!(e.served().iter().all(|s| s.done));
+    let c = e.counters();
+    assert_eq!((c.images_hit, c.kv_hits), (1, 2));
+    // Refused: request 0's readback of its fresh embedding, request 2's hit and its two
+    // prefix blocks.
+    assert_eq!((c.reads_held, c.reads_unheld), (0, 1 + 1 + 2));
 }
