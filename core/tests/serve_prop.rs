@@ -29,6 +29,9 @@ struct Case {
     workers: (u32, u32, u32),
     pages: u32,
     store_kb: u64,
+    /// Reads lease for 1 us and eviction runs at every put (else Mooncake's 10 s lease
+    /// and 10 ms eviction thread, under which nothing a toy run read is ever evicted).
+    short_lease: bool,
     bytes: bool,
 }
 
@@ -41,9 +44,10 @@ fn case() -> impl Strategy<Value = Case> {
         0u32..200,
         prop_oneof![Just(1u64), Just(64)],
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(seed, mode, requests, workers, extra_pages, store_kb, bytes)| Case {
+            |(seed, mode, requests, workers, extra_pages, store_kb, bytes, short_lease)| Case {
                 seed,
                 mode,
                 requests,
@@ -52,9 +56,23 @@ fn case() -> impl Strategy<Value = Case> {
                 // pages) so nothing is refused outright; preemption still happens.
                 pages: 48 + extra_pages,
                 store_kb,
+                short_lease,
                 bytes,
             },
         )
+}
+
+fn store_config(c: &Case) -> MemStoreConfig {
+    let cfg = MemStoreConfig::with_capacity(c.store_kb << 10);
+    if c.short_lease {
+        MemStoreConfig {
+            kv_lease_ttl_ns: 1_000,
+            eviction_interval_ns: 0,
+            ..cfg
+        }
+    } else {
+        cfg
+    }
 }
 
 /// The action without the page tables `kv_tables` adds (the decisions alone).
@@ -88,9 +106,7 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
     let block = u64::from(cfg.kv_block_tokens);
     // E15: per decode worker, the sequences of its last iteration.
     let mut last_seqs: BTreeMap<u32, BTreeSet<(u32, u64)>> = BTreeMap::new();
-    let store = Recorded::new(
-        MemStore::<String>::new(MemStoreConfig::with_capacity(c.store_kb << 10)).unwrap(),
-    );
+    let store = Recorded::new(MemStore::<String>::new(store_config(c)).unwrap());
     let mut e = Engine::new(cfg.clone(), store, &tr, Some(Box::new(ToyPricing))).unwrap();
     let capacity: Vec<u32> = e.pool_stats().iter().map(|p| p.free + p.used).collect();
     let mut rng = Rng::stream(c.seed, "serve-prop-durations");
@@ -274,7 +290,7 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
         Err(err) => return Err(TestCaseError::fail(err.to_string())),
     };
     // Same decisions: the input log alone, fed to a fresh engine, gives the same actions.
-    let fresh = MemStore::<String>::new(MemStoreConfig::with_capacity(c.store_kb << 10)).unwrap();
+    let fresh = MemStore::<String>::new(store_config(c)).unwrap();
     let mut again = Engine::new(cfg.clone(), fresh, &tr, Some(Box::new(ToyPricing))).unwrap();
     prop_assert_eq!(
         &replay_inputs(&mut again, &log.inputs).unwrap(),
@@ -825,6 +841,7 @@ fn forks_run_and_reads_are_of_committed_objects() {
         workers: (2, 2, 2),
         pages: 200,
         store_kb: 64,
+        short_lease: false,
         bytes: true,
     };
     let (n, reads, actions) = run(&c, true).unwrap();

@@ -698,3 +698,38 @@ fn reads_the_store_cannot_hold_go_ahead_unheld() {
     // prefix blocks.
     assert_eq!((c.reads_held, c.reads_unheld), (0, 1 + 1 + 2));
 }
+
+/// E13: a commit is left in place only while a load reads that blob. Once the reads of
+/// an embedding have closed and it was evicted, the next encode of it commits again.
+#[test]
+fn an_embedding_evicted_after_its_reads_closed_is_committed_again() {
+    // One at a time: 0 encodes image 5, 2 encodes image 6 (which evicts 5), 4 misses 5
+    // and encodes it again. All of tenant 0.
+    let img = |id, content| ToyRequest {
+        images: vec![(content, 64)],
+        ..req(id, 100)
+    };
+    let trace = [img(0, 5), img(2, 6), img(4, 5)];
+    let cfg = EngineConfig {
+        kv_prefix_store: false,
+        ..toy_config(Mode::Full, Payloads::SizeOnly)
+    };
+    // Reads lease for 1 us and eviction runs at once past half the store: by the time 2
+    // commits, 5's reads have closed and 5 is the victim (2,800 bytes: 5 and 6 together
+    // go past the watermark).
+    let store = MemStore::new(MemStoreConfig {
+        kv_lease_ttl_ns: 1_000,
+        eviction_interval_ns: 0,
+        high_watermark: 0.5,
+        eviction_ratio: 0.3,
+        ..MemStoreConfig::with_capacity(2_800)
+    })
+    .unwrap();
+    let mut e: E<'_> = Engine::new(cfg, store, &trace, Some(Box::new(ToyPricing))).unwrap();
+    super::toy::drive(&mut e, &[0, 1_000_000, 2_000_000], |_, _| 5, |_| Ok(())).unwrap();
+    let c = e.counters();
+    assert_eq!((c.images_hit, c.images_encoded), (0, 3), "{c:?}");
+    assert_eq!(c.commits_held, 0, "{c:?}");
+    // Every fresh output was committed and read back.
+    assert_eq!(e.cache().counters().readback_hits, 3);
+}
