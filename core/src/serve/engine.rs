@@ -657,8 +657,13 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
             first_token_ns: NONE,
             finish_ns: NONE,
             output_tokens: 0,
+            // Every generation, a request or a branch, yields at least its first token.
             path_tokens: u64::from(r.output_tokens().max(1))
-                + outs.iter().copied().max().map_or(0, u64::from),
+                + outs
+                    .iter()
+                    .copied()
+                    .max()
+                    .map_or(0, |m| u64::from(m.max(1))),
             images: 0,
             images_hit: 0,
             images_encoded: 0,
@@ -1568,7 +1573,9 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
                 .extend(forked.copies.iter().map(|c| (c.src, c.dst)));
         }
         for (i, b) in forked.branches.iter().enumerate() {
-            let tokens = outs.get(i).copied().unwrap_or(0);
+            // A forked branch only decodes; it yields at least one token, as a re-prefilled
+            // branch does (its prefill emits the first).
+            let tokens = outs.get(i).copied().unwrap_or(0).max(1);
             let job = self.new_job(
                 top as u32,
                 trace_idx,
