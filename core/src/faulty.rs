@@ -12,7 +12,11 @@
 //! - reads into a buffer (`get_into`): lease expiry during the transfer (the inner read
 //!   happens, the buffer is scribbled, `LeaseExpired` is returned), buffer registration
 //!   failure; `get_size`: lease expiry;
-//! - every operation: store unavailable.
+//! - reads that span time (`begin_read`): the hold is refused (the inner store grants the
+//!   read's lease, as a store that cannot hold readers does, holds nothing, and an error
+//!   is returned: the reader goes ahead on the lease alone);
+//! - every operation: store unavailable (on `end_read` the inner read stays open: a hold
+//!   the caller could not close).
 //!
 //! Data faults are persistent (what is stored is wrong); read faults are transient.
 //! Put faults apply to `put` and to `put_end` (batch forms go through them). A schedule
@@ -55,11 +59,13 @@ pub enum FaultKind {
     BufferRegistration,
     /// The store cannot be reached.
     Unavailable,
+    /// A read that spans time is not held open (`begin_read` refused).
+    HoldRefused,
 }
 
 impl FaultKind {
     /// Number of kinds.
-    pub const COUNT: usize = 10;
+    pub const COUNT: usize = 11;
     /// Every kind, in index order.
     pub const ALL: [FaultKind; Self::COUNT] = [
         FaultKind::DropMeta,
@@ -72,6 +78,7 @@ impl FaultKind {
         FaultKind::LeaseExpired,
         FaultKind::BufferRegistration,
         FaultKind::Unavailable,
+        FaultKind::HoldRefused,
     ];
 
     /// Dense index.
@@ -92,6 +99,7 @@ impl FaultKind {
             FaultKind::LeaseExpired => "lease_expired",
             FaultKind::BufferRegistration => "buffer_registration",
             FaultKind::Unavailable => "unavailable",
+            FaultKind::HoldRefused => "hold_refused",
         }
     }
 }
@@ -116,6 +124,10 @@ pub enum Op {
     Exists,
     /// `remove`.
     Remove,
+    /// `begin_read`.
+    BeginRead,
+    /// `end_read`.
+    EndRead,
 }
 
 /// One applied fault.
@@ -155,6 +167,8 @@ pub struct FaultRates {
     pub buffer_registration: f64,
     /// [`FaultKind::Unavailable`].
     pub unavailable: f64,
+    /// [`FaultKind::HoldRefused`].
+    pub hold_refused: f64,
 }
 
 impl FaultRates {
@@ -176,6 +190,7 @@ impl FaultRates {
             lease_expired: a[7],
             buffer_registration: a[8],
             unavailable: a[9],
+            hold_refused: a[10],
         }
     }
 
@@ -192,6 +207,7 @@ impl FaultRates {
             self.lease_expired,
             self.buffer_registration,
             self.unavailable,
+            self.hold_refused,
         ]
     }
 }
@@ -573,13 +589,35 @@ impl<S: Store> Store for FaultyStore<S> {
         }
     }
 
-    // Reads that span time go straight to the inner store (no fault kind targets them
-    // yet), so its reader count stays balanced.
     fn begin_read(&mut self, now: Nanos, key: &str) -> StoreResult<u64> {
-        self.inner.begin_read(now, key)
+        self.begin();
+        let Some(picked) = self.pick(key, &[FaultKind::HoldRefused, FaultKind::Unavailable]) else {
+            return self.inner.begin_read(now, key);
+        };
+        match picked.0 {
+            // The lease-granting read of a store that cannot hold readers; nothing is
+            // held, so the caller must not close it.
+            FaultKind::HoldRefused => match self.inner.get_size(now, key) {
+                Ok(_) => {
+                    self.record(Op::BeginRead, key, FaultKind::HoldRefused);
+                    Err(StoreError::InvalidParams(
+                        "read hold refused (injected fault)".into(),
+                    ))
+                }
+                Err(e) => {
+                    self.unpick(picked);
+                    Err(e)
+                }
+            },
+            k => {
+                self.record(Op::BeginRead, key, k);
+                Err(unavailable())
+            }
+        }
     }
 
     fn end_read(&mut self, now: Nanos, key: &str) -> StoreResult<()> {
+        self.plain(Op::EndRead, key)?;
         self.inner.end_read(now, key)
     }
 

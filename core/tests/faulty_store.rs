@@ -51,6 +51,11 @@ fn workload(s: &mut impl Store) -> Vec<String> {
         out.push(format!("{:?}", read(s, &mk).map(|b| b.len())));
         out.push(format!("{:?}", read(s, &bk)));
         out.push(format!("{:?}", s.get_size(i, &bk)));
+        let held = s.begin_read(i, &bk);
+        out.push(format!("{held:?}"));
+        if held.is_ok() {
+            out.push(format!("{:?}", s.end_read(i, &bk)));
+        }
         out.push(format!("{:?}", s.exists(i, "other")));
         if i % 3 == 0 {
             out.push(format!("{:?}", s.remove(i, &mk, true)));
@@ -104,6 +109,7 @@ fn each_fault_strikes_only_operations_it_applies_to() {
                 }
                 FaultKind::LeaseExpired => matches!(inj.op, Op::GetInto | Op::GetSize),
                 FaultKind::BufferRegistration => inj.op == Op::GetInto,
+                FaultKind::HoldRefused => inj.op == Op::BeginRead,
                 FaultKind::Unavailable => true,
             };
             assert!(ok, "{kind:?} struck {:?} on {}", inj.op, inj.key);
@@ -187,4 +193,40 @@ fn put_start_and_put_end_see_the_same_faults() {
         f.inner().is_empty(),
         "dropped put must not leave a reservation"
     );
+}
+
+/// A refused hold grants the read's lease and holds nothing: once the lease has run out
+/// the object can be removed, where a held read keeps it until the read is closed.
+#[test]
+fn a_refused_hold_leaves_only_the_lease() {
+    let ttl = MemStoreConfig::with_capacity(1 << 20).kv_lease_ttl_ns;
+    let key = blob_key(&FP);
+    for refused in [false, true] {
+        let mut f = FaultyStore::new(mem(), 3).with_log(true);
+        f.put(0, &key, Payload::Bytes(vec![1; 64]), &cfg())
+            .expect("put");
+        if refused {
+            f.push_fault(FaultKind::HoldRefused);
+        }
+        let r = f.begin_read(10, &key);
+        assert_eq!(r.is_err(), refused, "{r:?}");
+        assert_eq!(f.injected(FaultKind::HoldRefused), u64::from(refused));
+        // Within the lease nothing may remove it either way.
+        assert_eq!(f.remove(ttl, &key, false), Err(StoreError::HasLease));
+        let after = f.remove(ttl + 11, &key, false);
+        if refused {
+            assert_eq!(after, Ok(()));
+            assert_eq!(f.log()[0].op, Op::BeginRead);
+        } else {
+            assert_eq!(after, Err(StoreError::HasLease));
+            f.end_read(ttl + 12, &key).expect("close the read");
+            assert_eq!(f.remove(ttl + 13, &key, false), Ok(()));
+        }
+    }
+    // A refusal of a key that is not there is the store's own answer, and the queued fault
+    // waits for a read it can strike.
+    let mut f = FaultyStore::new(mem(), 3);
+    f.push_fault(FaultKind::HoldRefused);
+    assert_eq!(f.begin_read(0, "absent"), Err(StoreError::NotFound));
+    assert_eq!(f.queued(), 1);
 }

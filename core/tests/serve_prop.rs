@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use moonagent_core::faulty::{FaultKind, FaultyStore};
 use moonagent_core::fork::BranchState;
 use moonagent_core::rng::Rng;
 use moonagent_core::serve::toy::{
@@ -32,6 +33,9 @@ struct Case {
     /// Reads lease for 1 us and eviction runs at every put (else Mooncake's 10 s lease
     /// and 10 ms eviction thread, under which nothing a toy run read is ever evicted).
     short_lease: bool,
+    /// The store refuses a third of the reads the engine asks it to hold (E12's unheld
+    /// reads, mixed with held ones).
+    refuse_holds: bool,
     bytes: bool,
 }
 
@@ -45,9 +49,20 @@ fn case() -> impl Strategy<Value = Case> {
         prop_oneof![Just(1u64), Just(64)],
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(seed, mode, requests, workers, extra_pages, store_kb, bytes, short_lease)| Case {
+            |(
+                seed,
+                mode,
+                requests,
+                workers,
+                extra_pages,
+                store_kb,
+                bytes,
+                short_lease,
+                refuse_holds,
+            )| Case {
                 seed,
                 mode,
                 requests,
@@ -57,14 +72,18 @@ fn case() -> impl Strategy<Value = Case> {
                 pages: 48 + extra_pages,
                 store_kb,
                 short_lease,
+                refuse_holds,
                 bytes,
             },
         )
 }
 
-fn store_config(c: &Case) -> MemStoreConfig {
+type ToyStore = FaultyStore<MemStore<String>>;
+
+/// The case's store, with its hold refusals on their own seeded schedule.
+fn case_store(c: &Case) -> ToyStore {
     let cfg = MemStoreConfig::with_capacity(c.store_kb << 10);
-    if c.short_lease {
+    let cfg = if c.short_lease {
         MemStoreConfig {
             kv_lease_ttl_ns: 1_000,
             eviction_interval_ns: 0,
@@ -72,7 +91,12 @@ fn store_config(c: &Case) -> MemStoreConfig {
         }
     } else {
         cfg
+    };
+    let mut s = FaultyStore::new(MemStore::new(cfg).unwrap(), c.seed);
+    if c.refuse_holds {
+        s.set_rate(FaultKind::HoldRefused, 0.3);
     }
+    s
 }
 
 /// The action without the page tables `kv_tables` adds (the decisions alone).
@@ -106,7 +130,7 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
     let block = u64::from(cfg.kv_block_tokens);
     // E15: per decode worker, the sequences of its last iteration.
     let mut last_seqs: BTreeMap<u32, BTreeSet<(u32, u64)>> = BTreeMap::new();
-    let store = Recorded::new(MemStore::<String>::new(store_config(c)).unwrap());
+    let store = Recorded::new(case_store(c));
     let mut e = Engine::new(cfg.clone(), store, &tr, Some(Box::new(ToyPricing))).unwrap();
     let capacity: Vec<u32> = e.pool_stats().iter().map(|p| p.free + p.used).collect();
     let mut rng = Rng::stream(c.seed, "serve-prop-durations");
@@ -304,7 +328,7 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
         Err(err) => return Err(TestCaseError::fail(err.to_string())),
     };
     // Same decisions: the input log alone, fed to a fresh engine, gives the same actions.
-    let fresh = MemStore::<String>::new(store_config(c)).unwrap();
+    let fresh = case_store(c);
     let mut again = Engine::new(cfg.clone(), fresh, &tr, Some(Box::new(ToyPricing))).unwrap();
     prop_assert_eq!(
         &replay_inputs(&mut again, &log.inputs).unwrap(),
@@ -374,6 +398,7 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
         e.cache()
             .store()
             .inner()
+            .inner()
             .metas()
             .iter()
             .all(|m| m.readers == 0),
@@ -387,7 +412,7 @@ fn run(c: &Case, kv_tables: bool) -> Result<(Counters, u64, Vec<Action>), TestCa
     ))
 }
 
-type ToyEngine<'a> = Engine<'a, Recorded<MemStore<String>>, ToyRequest>;
+type ToyEngine<'a> = Engine<'a, Recorded<ToyStore>, ToyRequest>;
 
 /// What the action log says one job did.
 #[derive(Debug, Default)]
@@ -852,6 +877,7 @@ fn forks_run_and_reads_are_of_committed_objects() {
         pages: 200,
         store_kb: 64,
         short_lease: false,
+        refuse_holds: false,
         bytes: true,
     };
     let (n, reads, actions) = run(&c, true).unwrap();

@@ -2,6 +2,7 @@
 
 use super::toy::{toy_config, ToyPricing, ToyRequest};
 use super::{Action, Done, Engine, EngineConfig, Mode, Payloads};
+use crate::faulty::{FaultKind, FaultyStore};
 use crate::store::{MemStore, MemStoreConfig};
 
 fn req(id: u64, prompt: u32) -> ToyRequest {
@@ -629,48 +630,6 @@ fn a_waiting_sequence_is_priced_by_its_own_context() {
     assert_eq!(e.load_ns(21_010, dec, 2), Some(2_011 + 8_000 + 2_017));
 }
 
-/// A store that cannot hold readers: every `begin_read` is refused, the rest is a
-/// [`MemStore`].
-struct NoHolds(MemStore<String>);
-
-impl crate::store::Store for NoHolds {
-    fn put_start(
-        &mut self,
-        now: u64,
-        key: &str,
-        size: u64,
-        cfg: &crate::store::ReplicateConfig,
-    ) -> crate::store::StoreResult<()> {
-        self.0.put_start(now, key, size, cfg)
-    }
-    fn put_end(
-        &mut self,
-        now: u64,
-        key: &str,
-        payload: crate::store::Payload,
-    ) -> crate::store::StoreResult<()> {
-        self.0.put_end(now, key, payload)
-    }
-    fn put_revoke(&mut self, now: u64, key: &str) -> crate::store::StoreResult<()> {
-        self.0.put_revoke(now, key)
-    }
-    fn get_into(&mut self, now: u64, key: &str, buf: &mut [u8]) -> crate::store::StoreResult<u64> {
-        self.0.get_into(now, key, buf)
-    }
-    fn get_size(&mut self, now: u64, key: &str) -> crate::store::StoreResult<u64> {
-        self.0.get_size(now, key)
-    }
-    fn exists(&mut self, now: u64, key: &str) -> crate::store::StoreResult<bool> {
-        self.0.exists(now, key)
-    }
-    fn remove(&mut self, now: u64, key: &str, force: bool) -> crate::store::StoreResult<()> {
-        self.0.remove(now, key, force)
-    }
-    fn begin_read(&mut self, _now: u64, _key: &str) -> crate::store::StoreResult<u64> {
-        Err(crate::store::StoreError::NoAvailableHandle)
-    }
-}
-
 /// E12: a read the store cannot hold goes ahead on the lease and is counted unheld; the
 /// run finishes as it would with holds.
 #[test]
@@ -688,7 +647,12 @@ fn reads_the_store_cannot_hold_go_ahead_unheld() {
         },
     ];
     let cfg = toy_config(Mode::Full, Payloads::SizeOnly);
-    let store = NoHolds(MemStore::new(MemStoreConfig::with_capacity(1 << 20)).unwrap());
+    // A store that cannot hold readers: every `begin_read` is refused.
+    let mut store = FaultyStore::new(
+        MemStore::<String>::new(MemStoreConfig::with_capacity(1 << 20)).unwrap(),
+        1,
+    );
+    store.set_rate(FaultKind::HoldRefused, 1.0);
     let mut e = Engine::new(cfg, store, &trace, Some(Box::new(ToyPricing))).unwrap();
     super::toy::drive(&mut e, &[0, 100_000], |_, _| 5, |_| Ok(())).unwrap();
     assert!(e.served().iter().all(|s| s.done));
@@ -697,6 +661,7 @@ fn reads_the_store_cannot_hold_go_ahead_unheld() {
     // Refused: request 0's readback of its fresh embedding, request 2's hit and its two
     // prefix blocks.
     assert_eq!((c.reads_held, c.reads_unheld), (0, 1 + 1 + 2));
+    assert_eq!(e.cache().store().injected(FaultKind::HoldRefused), 4);
 }
 
 /// E13: a commit is left in place only while a load reads that blob. Once the reads of
