@@ -5,8 +5,8 @@
 #
 # Writes into OUT the B0 -> Full ladder on H200 and B200 (ladder.parquet/.csv,
 # summary.json) and, for W1-W4, a hot forked W4, the 600-session workload and Mooncake's
-# conversation trace when $MOONAGENT_TRACES has it, every mode's per-request Parquet and
-# the summaries, at the default KV pool and at a tight one (thousands of preemptions);
+# conversation trace when $MOONAGENT_TRACES has it, every mode's per-request and
+# per-worker Parquet and the summaries, at the default KV pool and at a tight one (thousands of preemptions);
 # then OUT/SHA256SUMS. Compare two runs with `diff OUT1/SHA256SUMS OUT2/SHA256SUMS`.
 # BIN defaults to target/release/moonagent (built first if missing).
 set -euo pipefail

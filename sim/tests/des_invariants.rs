@@ -1,9 +1,11 @@
 //! Simulator invariants (INVARIANTS.md D1-D6), each checked on every mode of the ladder
 //! over the four workloads of seed 000, at a load high enough to queue.
 
+use moonagent_core::serve::Role;
 use moonagent_sim::des::ladder::{generate, Workload};
+use moonagent_sim::des::metrics::workers_table;
 use moonagent_sim::des::metrics::{records_table, NONE};
-use moonagent_sim::des::{simulate, Mode, RequestRecord, SimConfig, Summary};
+use moonagent_sim::des::{simulate, simulate_all, Mode, RequestRecord, SimConfig, Summary};
 use moonagent_traces::schema::Request;
 
 fn workload(name: &str, n: u64, rate: f64) -> (Vec<Request>, u32) {
@@ -259,4 +261,94 @@ fn shared_cores_are_processor_sharing() {
         }
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// D11: the per-worker records account for every step, recompute, tail copy and transfer
+/// the run priced, and agree with the engine's own counters: each worker does only its
+/// role's work; the steps are the step completions; decode workers' recomputes are the
+/// preemptions and their tail copies the fork copy bytes; the encoders' NIC bytes are the
+/// encoder -> store link's and the decode workers' the prefill -> decode link's. On W4
+/// with a tight KV pool (forks and preemptions) and W2 (images), every mode.
+#[test]
+fn worker_records_account_for_every_step_and_agree_with_the_counters() {
+    for (w, rate, frac) in [("w4", 12.0, 0.115), ("w2", 30.0, 0.9)] {
+        let (trace, bs) = workload(w, 150, rate);
+        for mode in Mode::ALL {
+            let cfg = SimConfig {
+                mode,
+                kv_mem_fraction: frac,
+                ..SimConfig::default()
+            };
+            let tag = format!("{w} {}", mode.name());
+            let run = simulate_all(&cfg, &trace, bs).expect("simulate");
+            let (s, ws) = (&run.summary, &run.workers);
+            assert_eq!(s.completed, s.injected, "{tag}");
+            let n = |r: Role| ws.iter().filter(|x| x.role == r).count() as u32;
+            if mode.disaggregated() {
+                assert_eq!(
+                    (n(Role::Encoder), n(Role::Prefill), n(Role::Decode)),
+                    (cfg.encoders, cfg.prefills, cfg.decodes),
+                    "{tag}: roles"
+                );
+            } else {
+                assert_eq!(n(Role::Colocated), cfg.gpus / cfg.tp, "{tag}: roles");
+            }
+            for (i, x) in ws.iter().enumerate() {
+                assert_eq!(x.worker as usize, i, "{tag}: ids in order");
+                let (e, p, d) = (x.encode_steps > 0, x.prefill_steps > 0, x.decode_steps > 0);
+                match x.role {
+                    Role::Encoder => assert!(!p && !d, "{tag}: encoder {i} ran {x:?}"),
+                    Role::Prefill => assert!(!e && !d, "{tag}: prefill {i} ran {x:?}"),
+                    Role::Decode => assert!(!e && !p, "{tag}: decode {i} ran {x:?}"),
+                    Role::Colocated => {}
+                }
+                assert!(x.decode_seqs >= x.decode_steps, "{tag}: empty iterations");
+                assert!(
+                    x.recompute_ns + x.tail_copy_ns <= x.decode_ns,
+                    "{tag}: extras are part of the decode time"
+                );
+                assert_eq!(x.nic_transfers == 0, x.nic_bytes == 0, "{tag}: {x:?}");
+            }
+            let sum = |f: &dyn Fn(&moonagent_sim::des::WorkerRecord) -> u64| -> u64 {
+                ws.iter().map(f).sum()
+            };
+            assert_eq!(
+                sum(&|x| x.encode_steps + x.prefill_steps + x.decode_steps),
+                s.events_by_kind[2],
+                "{tag}: steps"
+            );
+            assert_eq!(sum(&|x| x.recomputes), s.preemptions, "{tag}: recomputes");
+            assert_eq!(
+                sum(&|x| x.tail_copy_bytes),
+                s.fork_copy_bytes,
+                "{tag}: tail copies"
+            );
+            assert_eq!(
+                sum(&|x| x.encode_ns) * u64::from(cfg.tp),
+                (s.encoder_gpu_s * 1e9).round() as u64,
+                "{tag}: encoder time"
+            );
+            if mode.disaggregated() {
+                let nic = |r: Role| {
+                    ws.iter()
+                        .filter(|x| x.role == r)
+                        .map(|x| x.nic_bytes)
+                        .sum::<u64>()
+                };
+                assert_eq!(nic(Role::Encoder), s.link_bytes[0], "{tag}: encoder NICs");
+                assert_eq!(nic(Role::Decode), s.link_bytes[2], "{tag}: decode NICs");
+            }
+            if w == "w4" && mode == Mode::Full {
+                assert!(
+                    s.preemptions > 0 && s.forks > 0,
+                    "{tag}: the tight pool preempts"
+                );
+            }
+            if w == "w2" && mode.disaggregated() {
+                assert!(s.link_bytes[0] > 0, "{tag}: images travel");
+            }
+            let t = workers_table(ws);
+            assert_eq!(t.rows(), ws.len(), "{tag}: one row per worker");
+        }
+    }
 }

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use moonagent_sim::des::ladder::{Gains, LadderConfig, LadderResult};
-use moonagent_sim::des::metrics::records_table;
-use moonagent_sim::des::{run_ladder, simulate, Mode, SimConfig, Summary};
+use moonagent_sim::des::metrics::{records_table, workers_table};
+use moonagent_sim::des::{run_ladder, simulate_all, Mode, SimConfig, Summary};
 use moonagent_sim::progress;
 
 use super::util::{print_table, read_config, read_trace};
@@ -33,7 +33,9 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub requests: Option<u64>,
     /// Write tables here: ladder.parquet/.csv, summary.json and the figure ladder.svg, or
-    /// per-request Parquet for `--trace`.
+    /// for `--trace` summary.json and per mode requests-MODE.parquet (one row per request)
+    /// and workers-MODE.parquet (one row per worker: steps and priced time by kind, mean
+    /// decode batch, recomputes, tail copies, NIC bytes and time).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -182,7 +184,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         for &m in &cfg.modes {
             pb.set_message(m.name());
             let t_sim = std::time::Instant::now();
-            let (s, recs) = simulate(
+            let run = simulate_all(
                 &SimConfig {
                     mode: m,
                     ..cfg.base.clone()
@@ -191,6 +193,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 bs,
             )?;
             let sim_s = t_sim.elapsed().as_secs_f64();
+            let s = run.summary;
             // The simulation loop's rate (what the sim_speed bench measures); the trace
             // read is reported apart, once.
             eprintln!(
@@ -211,8 +214,10 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 s.forks.to_string(),
             ]);
             if let Some(out) = &args.out {
-                records_table(&recs)
+                records_table(&run.requests)
                     .write_parquet(&out.join(format!("requests-{}.parquet", m.name())))?;
+                workers_table(&run.workers)
+                    .write_parquet(&out.join(format!("workers-{}.parquet", m.name())))?;
             }
             summaries.push(s);
             pb.inc(1);

@@ -16,7 +16,7 @@ use super::record::{RequestRecord, NONE};
 use super::request::{image_iter, Img, RequestView};
 use super::{
     Action, DecodeSeqRef, Done, EncoderOutputs, EngineConfig, Extra, Flow, ImageRef, JobId,
-    Payloads, Pricing, ServeError, WorkerId,
+    Payloads, Pricing, Role, ServeError, WorkerId,
 };
 
 type Nanos = u64;
@@ -457,6 +457,18 @@ impl<'a, S: Store, R: RequestView> Engine<'a, S, R> {
     /// Workers in the cluster (ids `0..n`).
     pub fn workers(&self) -> u32 {
         self.workers.len() as u32
+    }
+
+    /// Worker `w`'s role (`None`: no such worker).
+    pub fn role(&self, w: WorkerId) -> Option<Role> {
+        self.workers
+            .get(w as usize)
+            .map(|k| match (k.enc, k.pre, k.dec) {
+                (true, false, false) => Role::Encoder,
+                (false, true, false) => Role::Prefill,
+                (false, false, true) => Role::Decode,
+                _ => Role::Colocated,
+            })
     }
 
     /// Top-level requests so far, in arrival order.

@@ -103,6 +103,32 @@ impl Mode {
     }
 }
 
+/// What a worker does: one EPD role, or all three on one GPU (B0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Vision encoder.
+    Encoder,
+    /// Prefill.
+    Prefill,
+    /// Decode (holds a KV pool).
+    Decode,
+    /// Encoder, prefill and decode on one GPU (holds a KV pool).
+    Colocated,
+}
+
+impl Role {
+    /// Stable snake_case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Role::Encoder => "encoder",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Colocated => "colocated",
+        }
+    }
+}
+
 /// Direction and payload of a transfer; a link has one bandwidth per flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -698,3 +698,41 @@ fn an_embedding_evicted_after_its_reads_closed_is_committed_again() {
     // Every fresh output was committed and read back.
     assert_eq!(e.cache().counters().readback_hits, 3);
 }
+
+/// Workers are numbered encoders, then prefills, then decodes (colocated GPUs in B0), and
+/// each says its role.
+#[test]
+fn each_worker_says_its_role() {
+    use super::Role;
+    let trace = [req(0, 10)];
+    let roles = |cfg: EngineConfig| {
+        let store = MemStore::<String>::new(MemStoreConfig::with_capacity(1 << 20)).unwrap();
+        let e = Engine::new(cfg, store, &trace, Some(Box::new(ToyPricing))).unwrap();
+        (0..=e.workers()).map(|w| e.role(w)).collect::<Vec<_>>()
+    };
+    let b3 = EngineConfig {
+        encoders: 1,
+        prefills: 2,
+        decodes: 1,
+        ..toy_config(Mode::B3, Payloads::SizeOnly)
+    };
+    assert_eq!(
+        roles(b3),
+        [
+            Some(Role::Encoder),
+            Some(Role::Prefill),
+            Some(Role::Prefill),
+            Some(Role::Decode),
+            None
+        ]
+    );
+    let b0 = EngineConfig {
+        colocated: 2,
+        ..toy_config(Mode::B0, Payloads::SizeOnly)
+    };
+    assert_eq!(
+        roles(b0),
+        [Some(Role::Colocated), Some(Role::Colocated), None]
+    );
+    assert_eq!(Role::Colocated.name(), "colocated");
+}

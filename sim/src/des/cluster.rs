@@ -21,7 +21,7 @@ use moonagent_traces::schema::Request;
 
 use super::config::SimConfig;
 use super::engine::{EventQueue, Time};
-use super::metrics::{RequestRecord, Summary};
+use super::metrics::{RequestRecord, Summary, WorkerRecord};
 use super::SimError;
 
 // Kind priorities at equal times: a worker's step first, then arrivals of data, then
@@ -236,6 +236,18 @@ pub struct Simulation<'a> {
     events_by_kind: [u64; 6],
     /// Step completions popped after the shared cores' rate changed (not events).
     stale: u64,
+    workers: Vec<WorkerRecord>,
+}
+
+/// Everything a run reports.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The run's summary.
+    pub summary: Summary,
+    /// One record per request that arrived, in trace order.
+    pub requests: Vec<RequestRecord>,
+    /// One record per worker, by id.
+    pub workers: Vec<WorkerRecord>,
 }
 
 impl<'a> Simulation<'a> {
@@ -249,6 +261,9 @@ impl<'a> Simulation<'a> {
         let pricing = Box::new(CostPricing { cost, link });
         let engine = Engine::new(ecfg, store, trace, Some(pricing))?;
         let workers = engine.workers() as usize;
+        let records = (0..engine.workers())
+            .filter_map(|w| engine.role(w).map(|r| WorkerRecord::new(w, r)))
+            .collect();
         let weights = hw.core_weights.unwrap_or(CoreWeights::EQUAL).as_array();
         let cores = hw.shared_cores.map(|c| SharedCores::new(c, weights));
         Ok(Self {
@@ -265,11 +280,17 @@ impl<'a> Simulation<'a> {
             encoder_saved_ns: 0,
             events_by_kind: [0; 6],
             stale: 0,
+            workers: records,
         })
     }
 
     /// Run to completion (or the horizon); per-request records in trace order and the summary.
-    pub fn run(mut self) -> Result<(Summary, Vec<RequestRecord>), SimError> {
+    pub fn run(self) -> Result<(Summary, Vec<RequestRecord>), SimError> {
+        self.run_all().map(|r| (r.summary, r.requests))
+    }
+
+    /// Run to completion (or the horizon); the summary, per-request and per-worker records.
+    pub fn run_all(mut self) -> Result<Run, SimError> {
         let mut cursor = 0usize;
         loop {
             let next_arrival = self.trace.get(cursor).map(|r| r.arrival_ns);
@@ -330,10 +351,16 @@ impl<'a> Simulation<'a> {
                 Action::Encode { worker, tokens, .. } => {
                     let dur = self.cost.encoder_time_ns(&tokens);
                     self.encoder_gpu_ns += dur * u64::from(self.cfg.tp);
+                    let w = &mut self.workers[worker as usize];
+                    w.encode_steps += 1;
+                    w.encode_ns += dur;
                     self.step(now, worker, dur, K_ENCODE);
                 }
                 Action::Prefill { worker, chunks, .. } => {
                     let dur = self.cost.prefill_batch_time_ns(&chunks);
+                    let w = &mut self.workers[worker as usize];
+                    w.prefill_steps += 1;
+                    w.prefill_ns += dur;
                     self.step(now, worker, dur, K_PREFILL);
                 }
                 Action::Decode {
@@ -344,16 +371,30 @@ impl<'a> Simulation<'a> {
                     ..
                 } => {
                     let mut dur = self.cost.decode_iter_time_ns(batch, ctx_sum);
+                    let w = &mut self.workers[worker as usize];
                     for &x in &extra {
                         dur += match x {
-                            Extra::Recompute { tokens, .. } => self.cost.prefill_time_ns(tokens, 0),
-                            Extra::TailCopy { bytes } => (bytes as f64
-                                / (self.hw.hbm_bytes_per_s * self.hw.efficiency.hbm_efficiency)
-                                * 1e9)
-                                .ceil()
-                                as u64,
+                            Extra::Recompute { tokens, .. } => {
+                                let ns = self.cost.prefill_time_ns(tokens, 0);
+                                w.recomputes += 1;
+                                w.recompute_tokens += u64::from(tokens);
+                                w.recompute_ns += ns;
+                                ns
+                            }
+                            Extra::TailCopy { bytes } => {
+                                let ns = (bytes as f64
+                                    / (self.hw.hbm_bytes_per_s * self.hw.efficiency.hbm_efficiency)
+                                    * 1e9)
+                                    .ceil() as u64;
+                                w.tail_copy_bytes += bytes;
+                                w.tail_copy_ns += ns;
+                                ns
+                            }
                         };
                     }
+                    w.decode_steps += 1;
+                    w.decode_ns += dur;
+                    w.decode_seqs += u64::from(batch);
                     self.step(now, worker, dur, K_DECODE);
                 }
                 Action::Transfer {
@@ -420,15 +461,19 @@ impl<'a> Simulation<'a> {
         if let Some(b) = b {
             start = start.max(self.nic_free[b as usize]);
         }
-        let end = start + moonagent_models::transfer_time_ns(&self.link, flow, bytes);
-        self.nic_free[a as usize] = end;
-        if let Some(b) = b {
-            self.nic_free[b as usize] = end;
+        let ns = moonagent_models::transfer_time_ns(&self.link, flow, bytes);
+        let end = start + ns;
+        for w in std::iter::once(a).chain(b) {
+            self.nic_free[w as usize] = end;
+            let r = &mut self.workers[w as usize];
+            r.nic_transfers += 1;
+            r.nic_bytes += bytes;
+            r.nic_ns += ns;
         }
         end
     }
 
-    fn finish(self, arrived: usize) -> (Summary, Vec<RequestRecord>) {
+    fn finish(self, arrived: usize) -> Run {
         let kv_pages_in_use = self
             .engine
             .pool_stats()
@@ -455,8 +500,17 @@ impl<'a> Simulation<'a> {
         s.kv_pages_in_use = kv_pages_in_use;
         s.encoder_gpu_s = self.encoder_gpu_ns as f64 / 1e9;
         s.encoder_gpu_s_saved = self.encoder_saved_ns as f64 / 1e9;
-        (s, recs)
+        Run {
+            summary: s,
+            requests: recs,
+            workers: self.workers,
+        }
     }
+}
+
+/// Simulate `trace` under `cfg`: everything the run reports.
+pub fn simulate_all(cfg: &SimConfig, trace: &[Request], block_size: u32) -> Result<Run, SimError> {
+    Simulation::new(cfg, trace, block_size)?.run_all()
 }
 
 /// Simulate `trace` under `cfg`.

@@ -1,8 +1,103 @@
-//! What a simulation run reports: one record per request and a run summary.
+//! What a simulation run reports: one record per request, one per worker and a run
+//! summary.
 
 use serde::{Deserialize, Serialize};
 
+use moonagent_core::serve::Role;
 pub use moonagent_core::serve::{RequestRecord, NONE};
+
+/// What one worker did over a run: the simulator's own account of the steps and transfers
+/// it priced for that worker. Compute times are each step's priced duration on its own
+/// device (with `shared_cores` a step's wall time is longer: its share of the cores).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerRecord {
+    /// Worker id (encoders, then prefills, then decodes; B0's GPUs in order).
+    pub worker: u32,
+    /// Its role.
+    pub role: Role,
+    /// Encoder batches run.
+    pub encode_steps: u64,
+    /// Their priced time.
+    pub encode_ns: u64,
+    /// Prefill batches (chunks of one or more prompts) run.
+    pub prefill_steps: u64,
+    /// Their priced time.
+    pub prefill_ns: u64,
+    /// Decode iterations run.
+    pub decode_steps: u64,
+    /// Their priced time, the recompute and tail-copy extras below included.
+    pub decode_ns: u64,
+    /// Sequences over all decode iterations (`/ decode_steps`: the mean batch).
+    pub decode_seqs: u64,
+    /// Preempted sequences re-admitted, each recomputing its context.
+    pub recomputes: u64,
+    /// The tokens they recomputed.
+    pub recompute_tokens: u64,
+    /// The recomputes' priced time (part of `decode_ns`).
+    pub recompute_ns: u64,
+    /// Bytes of fork tails copied.
+    pub tail_copy_bytes: u64,
+    /// The copies' priced time (part of `decode_ns`).
+    pub tail_copy_ns: u64,
+    /// Transfers on this worker's NIC (sent or received).
+    pub nic_transfers: u64,
+    /// Their bytes.
+    pub nic_bytes: u64,
+    /// The NIC's busy time (each transfer's priced duration).
+    pub nic_ns: u64,
+}
+
+impl WorkerRecord {
+    /// An idle worker.
+    pub fn new(worker: u32, role: Role) -> Self {
+        Self {
+            worker,
+            role,
+            encode_steps: 0,
+            encode_ns: 0,
+            prefill_steps: 0,
+            prefill_ns: 0,
+            decode_steps: 0,
+            decode_ns: 0,
+            decode_seqs: 0,
+            recomputes: 0,
+            recompute_tokens: 0,
+            recompute_ns: 0,
+            tail_copy_bytes: 0,
+            tail_copy_ns: 0,
+            nic_transfers: 0,
+            nic_bytes: 0,
+            nic_ns: 0,
+        }
+    }
+}
+
+/// Per-worker records as a table (one row per worker, times in ns).
+pub fn workers_table(ws: &[WorkerRecord]) -> crate::table::Table {
+    use crate::table::{Column, Table};
+    let u = |f: &dyn Fn(&WorkerRecord) -> u64| Column::U64(ws.iter().map(f).collect());
+    Table::new()
+        .with("worker", u(&|w| u64::from(w.worker)))
+        .with(
+            "role",
+            Column::Str(ws.iter().map(|w| w.role.name().to_owned()).collect()),
+        )
+        .with("encode_steps", u(&|w| w.encode_steps))
+        .with("encode_ns", u(&|w| w.encode_ns))
+        .with("prefill_steps", u(&|w| w.prefill_steps))
+        .with("prefill_ns", u(&|w| w.prefill_ns))
+        .with("decode_steps", u(&|w| w.decode_steps))
+        .with("decode_ns", u(&|w| w.decode_ns))
+        .with("decode_seqs", u(&|w| w.decode_seqs))
+        .with("recomputes", u(&|w| w.recomputes))
+        .with("recompute_tokens", u(&|w| w.recompute_tokens))
+        .with("recompute_ns", u(&|w| w.recompute_ns))
+        .with("tail_copy_bytes", u(&|w| w.tail_copy_bytes))
+        .with("tail_copy_ns", u(&|w| w.tail_copy_ns))
+        .with("nic_transfers", u(&|w| w.nic_transfers))
+        .with("nic_bytes", u(&|w| w.nic_bytes))
+        .with("nic_ns", u(&|w| w.nic_ns))
+}
 
 /// P50 / P95 / P99 and mean of a sample, in ms.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

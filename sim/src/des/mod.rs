@@ -6,7 +6,7 @@ pub mod engine;
 pub mod ladder;
 pub mod metrics;
 
-pub use cluster::{simulate, Simulation};
+pub use cluster::{simulate, simulate_all, Run, Simulation};
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]
@@ -42,4 +42,4 @@ pub enum SimError {
 }
 pub use config::{Mode, SimConfig, Slo};
 pub use ladder::{run_ladder, LadderConfig, LadderResult};
-pub use metrics::{Percentiles, RequestRecord, Summary};
+pub use metrics::{workers_table, Percentiles, RequestRecord, Summary, WorkerRecord};
