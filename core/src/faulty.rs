@@ -374,6 +374,29 @@ impl<S: Store> FaultyStore<S> {
         }
     }
 
+    /// A fault that lets the inner operation happen and then fails the call with `err`:
+    /// recorded when the inner operation succeeded; when it failed, its own error is
+    /// returned and a queued fault waits for an operation it can strike.
+    fn fail_after<T>(
+        &mut self,
+        picked: Picked,
+        op: Op,
+        key: &str,
+        inner: StoreResult<T>,
+        err: StoreError,
+    ) -> StoreResult<T> {
+        match inner {
+            Ok(_) => {
+                self.record(op, key, picked.0);
+                Err(err)
+            }
+            Err(e) => {
+                self.unpick(picked);
+                Err(e)
+            }
+        }
+    }
+
     fn record(&mut self, op: Op, key: &str, kind: FaultKind) {
         self.injected[kind.index()] += 1;
         if self.log_enabled {
@@ -564,20 +587,16 @@ impl<S: Store> Store for FaultyStore<S> {
             return self.inner.get_into(now, key, buf);
         };
         match picked.0 {
-            FaultKind::LeaseExpired => match self.inner.get_into(now, key, buf) {
-                Ok(n) => {
+            FaultKind::LeaseExpired => {
+                let r = self.inner.get_into(now, key, buf);
+                if let Ok(n) = r {
                     // The transfer was cut: whatever landed is not to be trusted.
                     if let Some(b) = buf.get_mut(..(n as usize).min(buf.len())) {
                         self.flip(b);
                     }
-                    self.record(Op::GetInto, key, FaultKind::LeaseExpired);
-                    Err(StoreError::LeaseExpired)
                 }
-                Err(e) => {
-                    self.unpick(picked);
-                    Err(e)
-                }
-            },
+                self.fail_after(picked, Op::GetInto, key, r, StoreError::LeaseExpired)
+            }
             FaultKind::BufferRegistration => {
                 self.record(Op::GetInto, key, FaultKind::BufferRegistration);
                 Err(StoreError::BufferRegistration("injected fault".into()))
@@ -597,18 +616,11 @@ impl<S: Store> Store for FaultyStore<S> {
         match picked.0 {
             // The lease-granting read of a store that cannot hold readers; nothing is
             // held, so the caller must not close it.
-            FaultKind::HoldRefused => match self.inner.get_size(now, key) {
-                Ok(_) => {
-                    self.record(Op::BeginRead, key, FaultKind::HoldRefused);
-                    Err(StoreError::InvalidParams(
-                        "read hold refused (injected fault)".into(),
-                    ))
-                }
-                Err(e) => {
-                    self.unpick(picked);
-                    Err(e)
-                }
-            },
+            FaultKind::HoldRefused => {
+                let r = self.inner.get_size(now, key);
+                let err = StoreError::InvalidParams("read hold refused (injected fault)".into());
+                self.fail_after(picked, Op::BeginRead, key, r, err)
+            }
             k => {
                 self.record(Op::BeginRead, key, k);
                 Err(unavailable())
@@ -628,16 +640,10 @@ impl<S: Store> Store for FaultyStore<S> {
             return self.inner.get_size(now, key);
         };
         match picked.0 {
-            FaultKind::LeaseExpired => match self.inner.get_size(now, key) {
-                Ok(_) => {
-                    self.record(Op::GetSize, key, FaultKind::LeaseExpired);
-                    Err(StoreError::LeaseExpired)
-                }
-                Err(e) => {
-                    self.unpick(picked);
-                    Err(e)
-                }
-            },
+            FaultKind::LeaseExpired => {
+                let r = self.inner.get_size(now, key);
+                self.fail_after(picked, Op::GetSize, key, r, StoreError::LeaseExpired)
+            }
             k => {
                 self.record(Op::GetSize, key, k);
                 Err(unavailable())

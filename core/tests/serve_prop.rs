@@ -697,19 +697,15 @@ fn check_accounting(
         // Tokens: one from each prefill, the rest decoded; forked branches only decode.
         // Every generation yields at least one token, forked or re-prefilled.
         let out = u64::from(r.output.max(1));
-        let branch_out: u64 = r.branches.iter().map(|&b| u64::from(b.max(1))).sum();
+        let branch_tokens = r.branches.iter().map(|&b| u64::from(b.max(1)));
+        let branch_out: u64 = branch_tokens.clone().sum();
         prop_assert_eq!(
             rec.output_tokens,
             out + branch_out,
             "{}",
             msg("output tokens")
         );
-        let longest = r
-            .branches
-            .iter()
-            .map(|&b| u64::from(b.max(1)))
-            .max()
-            .unwrap_or(0);
+        let longest = branch_tokens.max().unwrap_or(0);
         prop_assert_eq!(rec.path_tokens, out + longest, "{}", msg("path tokens"));
         prop_assert_eq!(u64::from(rec.branches), n, "{}", msg("branches"));
         // Stage times: the request's own job; the finish: its last job's last iteration.

@@ -1,10 +1,9 @@
-//! Simulator invariants (INVARIANTS.md D1-D6), each checked on every mode of the ladder
+//! Simulator invariants (INVARIANTS.md D1-D6, D11), each checked on every mode of the ladder
 //! over the four workloads of seed 000, at a load high enough to queue.
 
 use moonagent_core::serve::Role;
 use moonagent_sim::des::ladder::{generate, Workload};
-use moonagent_sim::des::metrics::workers_table;
-use moonagent_sim::des::metrics::{records_table, NONE};
+use moonagent_sim::des::metrics::{records_table, workers_table, NONE};
 use moonagent_sim::des::{simulate, simulate_all, Mode, RequestRecord, SimConfig, Summary};
 use moonagent_traces::schema::Request;
 
