@@ -5,6 +5,7 @@
 #
 # Installs, idempotently, a venv under $MOONAGENT_HOME (default ~/.cache/moonagent)/py-venv
 # with polars, pandas and pyarrow (~30 s the first time) and ray (~90 s the first time).
+# Also the README's polars examples and scripts/seed_compare.py (tests/python/).
 # Builds the debug binary unless MOONAGENT_BIN names one.
 #
 #   MOONAGENT_SWEEP_RAY=0    skip the Ray part (the process-level shards + merge still run)
@@ -60,3 +61,4 @@ args=(--bin "$BIN")
 "$VENV/bin/python" tests/python/test_sweep_parquet.py "${args[@]}"
 # The README's "analyse them with polars" example, as written.
 "$VENV/bin/python" tests/python/test_readme_polars.py --bin "$BIN"
+"$VENV/bin/python" tests/python/test_seed_compare.py --bin "$BIN"
