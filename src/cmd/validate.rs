@@ -18,7 +18,7 @@ use moonagent_validation::cores::{HostSched, DEFAULT_QUANTUM_US};
 use moonagent_validation::exec::ComputeExecutor;
 use moonagent_validation::measure::{mem_store, read_inputs, run_trace, write_run, MeasureError};
 use moonagent_validation::mooncake::BridgeStore;
-use moonagent_validation::profile::{self, ContentionPlan, Grid};
+use moonagent_validation::profile::{self, ContentionPlan, Grid, Order};
 use moonagent_validation::study::{self, cpu_config, StoreFactory, StudyConfig};
 
 use super::util::{read_config, read_trace};
@@ -66,10 +66,34 @@ struct ProfileArgs {
     /// facts of its profile.toml (shared_cores, core_weights).
     #[arg(long, value_name = "DIR")]
     from: Option<PathBuf>,
+    /// In what order the compute operators are timed.
+    #[arg(long, value_enum, default_value = "grouped")]
+    order: OrderArg,
     #[command(flatten)]
     sched: HostSchedArgs,
     #[command(flatten)]
     device: ComputeArgs,
+}
+
+/// `--order`: how the profile times the compute operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OrderArg {
+    /// Each shape's runs back to back (one warm-up, three timed): the shape is timed with
+    /// its weights and buffers hot in the caches.
+    Grouped,
+    /// A warm-up pass over every shape, then three rounds timing each shape once in a
+    /// seeded shuffled order, so each run follows another operator's, as a serving run's
+    /// steps follow other work (see the README's validation section for what it changes).
+    Interleaved,
+}
+
+impl OrderArg {
+    fn order(self) -> Order {
+        match self {
+            OrderArg::Grouped => Order::Grouped,
+            OrderArg::Interleaved => Order::Interleaved,
+        }
+    }
 }
 
 /// `--roofline`: which forms of the compute cost the fit may use.
@@ -300,6 +324,9 @@ struct AllArgs {
     /// The cost model's form for compute steps (see `validate profile --help`).
     #[arg(long, value_enum, default_value = "auto")]
     roofline: RooflineArg,
+    /// In what order the profile times the compute operators (see `validate profile --help`).
+    #[arg(long, value_enum, default_value = "grouped")]
+    order: OrderArg,
     #[command(flatten)]
     sched: HostSchedArgs,
     #[command(flatten)]
@@ -422,7 +449,10 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
         return Ok(());
     }
     let exec = executor(&cfg, a.seed, a.device)?;
-    let grid = Grid::cpu_default().covering(&spec);
+    let grid = Grid {
+        order: a.order.order(),
+        ..Grid::cpu_default().covering(&spec)
+    };
     let hold = grid.holdout(a.seed ^ 0x5eed, 8);
     let n = (grid.encode.len()
         + grid.prefill.len()
@@ -448,7 +478,7 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
         pb.set_message(m.to_string())
     })?;
     pb.finish_and_clear();
-    let p = profile::fit(
+    let mut p = profile::fit(
         &base,
         &spec,
         &samples,
@@ -457,6 +487,7 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
         contention,
         &a.roofline.forms(),
     )?;
+    p.order = Some(grid.order);
     let path = study::write_profile(&a.out, &p, &samples, &holdout)?;
     println!("{}", study::profile_markdown(&p));
     eprintln!("wrote {}", path.display());
@@ -602,6 +633,9 @@ fn all_cmd(a: AllArgs) -> Result<()> {
         cfg.requests = 30;
         cfg.repeats = 1;
         cfg.grid = Grid::quick();
+    }
+    cfg.grid.order = a.order.order();
+    if a.quick {
         cfg.holdout = 3;
         cfg.contention = Some(ContentionPlan {
             host_sched: cfg.host_sched,

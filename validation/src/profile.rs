@@ -6,6 +6,8 @@
 //! decode iterations by batch and context, transfers by flow and size over the backend's
 //! link (loopback TCP), fingerprints by bytes. Each point of the design grid is run
 //! `repeats` times after one warm-up run; its median is one calibration sample. The
+//! compute points are timed back to back (`Order::Grouped`) or in shuffled rounds
+//! (`Order::Interleaved`), so that each run follows another operator's. The
 //! hold-out set is a second, seeded random set of shapes inside the grid's range,
 //! measured the same way and never used by the fit: the per-operator error on it is the
 //! profile's honest error.
@@ -42,6 +44,23 @@ pub struct Grid {
     pub fingerprint: Vec<u64>,
     /// Timed runs per point (after one warm-up); the median is the sample.
     pub repeats: usize,
+    /// In what order the compute points (encoder, prefill, decode) are timed.
+    pub order: Order,
+}
+
+/// In what order the compute points of a grid are timed (transfers and fingerprints are
+/// always timed back to back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Order {
+    /// Each point's runs back to back, one point after the other: a point is timed with its
+    /// own weights and buffers hot in the caches.
+    #[default]
+    Grouped,
+    /// One warm-up pass over every compute point, then `repeats` rounds, each timing every
+    /// point once in a seeded shuffled order: each run follows another operator's, as a
+    /// serving run's steps follow other work.
+    Interleaved,
 }
 
 impl Grid {
@@ -78,6 +97,7 @@ impl Grid {
             transfer: vec![16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20],
             fingerprint: vec![256 << 10, 4 << 20, 16 << 20],
             repeats: 3,
+            order: Order::Grouped,
         }
     }
 
@@ -119,6 +139,7 @@ impl Grid {
             transfer: vec![64 << 10, 1 << 20, 4 << 20],
             fingerprint: vec![256 << 10, 4 << 20],
             repeats: 3,
+            order: Order::Grouped,
         }
     }
 
@@ -149,6 +170,7 @@ impl Grid {
             transfer: (0..n).map(|_| log_span(&mut r, tlo, thi)).collect(),
             fingerprint: (0..n).map(|_| log_span(&mut r, flo, fhi)).collect(),
             repeats: self.repeats,
+            order: self.order,
         }
     }
 }
@@ -194,8 +216,8 @@ pub enum ProfileError {
     Cores(#[from] CoresError),
 }
 
-/// Measure every point of `grid` (one warm-up, then `repeats` timed runs, median).
-/// `progress` is told after each point.
+/// Measure every point of `grid` (one warm-up, then `repeats` timed runs, median; the
+/// compute points in `grid.order`). `progress` is told after each point.
 pub fn measure(
     grid: &Grid,
     exec: &dyn Executor,
@@ -206,50 +228,77 @@ pub fn measure(
         f()?;
         let mut v = Vec::with_capacity(grid.repeats);
         for _ in 0..grid.repeats.max(1) {
-            let t = Instant::now();
-            f()?;
-            v.push((t.elapsed().as_nanos() as u64).max(1));
+            v.push(timed(f)?);
         }
-        v.sort_unstable();
-        Ok(v[v.len() / 2])
+        Ok(median_of(v))
     };
-    let mut out = Vec::new();
-    for tokens in &grid.encode {
-        let step = Step::Encode {
-            tokens: tokens.clone(),
-            contents: (0..tokens.len() as u64).collect(),
-        };
-        let ns = time(&mut || exec.run(W, &step).map(drop).map_err(Into::into))?;
-        out.push(Sample::Encoder {
-            visual_tokens: tokens.clone(),
-            measured_ns: ns,
-        });
-        progress("encode");
-    }
-    for &(new, cached) in &grid.prefill {
-        let step = Step::Prefill(vec![(new, cached)]);
-        let ns = time(&mut || exec.run(W, &step).map(drop).map_err(Into::into))?;
-        out.push(Sample::Prefill {
-            new_tokens: new,
-            cached_tokens: cached,
-            measured_ns: ns,
-        });
-        progress("prefill");
-    }
-    for &(batch, ctx) in &grid.decode {
-        let step = Step::Decode {
-            batch,
-            ctx_sum: u64::from(batch) * u64::from(ctx),
-            extra: Vec::new(),
-        };
-        let ns = time(&mut || exec.run(W, &step).map(drop).map_err(Into::into))?;
-        out.push(Sample::Decode {
-            batch,
-            context_tokens: u64::from(batch) * u64::from(ctx),
-            measured_ns: ns,
-        });
-        progress("decode");
-    }
+    let mut steps: Vec<Step> = Vec::new();
+    steps.extend(grid.encode.iter().map(|tokens| Step::Encode {
+        tokens: tokens.clone(),
+        contents: (0..tokens.len() as u64).collect(),
+    }));
+    steps.extend(
+        grid.prefill
+            .iter()
+            .map(|&(new, cached)| Step::Prefill(vec![(new, cached)])),
+    );
+    steps.extend(grid.decode.iter().map(|&(batch, ctx)| Step::Decode {
+        batch,
+        ctx_sum: u64::from(batch) * u64::from(ctx),
+        extra: Vec::new(),
+    }));
+    let run = |i: usize| exec.run(W, &steps[i]).map(drop).map_err(ProfileError::from);
+    let ns: Vec<u64> = match grid.order {
+        Order::Grouped => {
+            let mut ns = Vec::with_capacity(steps.len());
+            for (i, step) in steps.iter().enumerate() {
+                ns.push(time(&mut || run(i))?);
+                progress(step_name(step));
+            }
+            ns
+        }
+        Order::Interleaved => {
+            for i in 0..steps.len() {
+                run(i)?;
+            }
+            let mut v = vec![Vec::with_capacity(grid.repeats); steps.len()];
+            let mut rng = Rng::stream(0, "validate-profile-order");
+            let rounds = grid.repeats.max(1);
+            for round in 0..rounds {
+                let mut order: Vec<usize> = (0..steps.len()).collect();
+                for k in (1..order.len()).rev() {
+                    order.swap(k, rng.below(k as u64 + 1) as usize);
+                }
+                for &i in &order {
+                    v[i].push(timed(&mut || run(i))?);
+                    if round + 1 == rounds {
+                        progress(step_name(&steps[i]));
+                    }
+                }
+            }
+            v.into_iter().map(median_of).collect()
+        }
+    };
+    let mut out: Vec<Sample> = steps
+        .iter()
+        .zip(ns)
+        .map(|(step, ns)| match step {
+            Step::Encode { tokens, .. } => Sample::Encoder {
+                visual_tokens: tokens.clone(),
+                measured_ns: ns,
+            },
+            Step::Prefill(c) => Sample::Prefill {
+                new_tokens: c[0].0,
+                cached_tokens: c[0].1,
+                measured_ns: ns,
+            },
+            Step::Decode { batch, ctx_sum, .. } => Sample::Decode {
+                batch: *batch,
+                context_tokens: *ctx_sum,
+                measured_ns: ns,
+            },
+        })
+        .collect();
     let sink = Sink::start(1)?;
     let mut nic = sink.connect()?;
     for &bytes in &grid.transfer {
@@ -347,6 +396,28 @@ pub fn residuals(
         .collect()
 }
 
+/// One run of `f`, timed (at least 1 ns).
+fn timed(f: &mut dyn FnMut() -> Result<(), ProfileError>) -> Result<u64, ProfileError> {
+    let t = Instant::now();
+    f()?;
+    Ok((t.elapsed().as_nanos() as u64).max(1))
+}
+
+/// The median of timed runs (the upper one of an even count); `v` is not empty.
+fn median_of(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// The progress name of a compute step's operator.
+fn step_name(step: &Step) -> &'static str {
+    match step {
+        Step::Encode { .. } => "encode",
+        Step::Prefill(_) => "prefill",
+        Step::Decode { .. } => "decode",
+    }
+}
+
 fn median_sorted(v: &[f64]) -> f64 {
     match v.len() {
         0 => 0.0,
@@ -374,6 +445,9 @@ pub struct Profile {
     /// How concurrent steps shared the host's cores ([`contention`]), when measured: its
     /// weights are the profile's `core_weights` when it adopted them.
     pub contention: Option<ContentionReport>,
+    /// How the compute samples were timed (`None`: refitted from stored samples, order
+    /// not recorded).
+    pub order: Option<Order>,
 }
 
 /// Fit `base` to `fit_samples` for `spec`, and judge it on `holdout`. `shared_cores`
@@ -412,6 +486,7 @@ pub fn fit(
         contention,
         hardware,
         fit: report,
+        order: None,
     })
 }
 
@@ -768,5 +843,17 @@ mod log_span_tests {
         for (k, n) in per.iter().enumerate() {
             assert!((800..1200).contains(n), "octave {k}: {n} of 7000 ({per:?})");
         }
+    }
+}
+
+#[cfg(test)]
+mod median_tests {
+    use super::median_of;
+
+    #[test]
+    fn a_sample_is_the_middle_run_or_the_upper_of_two() {
+        assert_eq!(median_of(vec![5, 1, 3]), 3);
+        assert_eq!(median_of(vec![4, 1, 3, 2]), 3);
+        assert_eq!(median_of(vec![7]), 7);
     }
 }

@@ -22,7 +22,7 @@ use crate::backend::{Executor, RunOptions};
 use crate::compare::{compare, repeat_difference, sim_vs_sim, Comparison};
 use crate::cores::HostSched;
 use crate::measure::{mem_store, read_lines, run_trace, write_run, MeasureError, RunSummary};
-use crate::profile::{self, ContentionPlan, Grid, Profile};
+use crate::profile::{self, ContentionPlan, Grid, Order, Profile};
 
 /// The cluster the CPU backend runs: one encoder, one prefill and one decode worker (B0:
 /// one colocated worker), the scaled model, loopback TCP.
@@ -345,7 +345,7 @@ pub fn run_study(
             say("measuring how concurrent steps share the cores");
         }
     })?;
-    let fitted = profile::fit(
+    let mut fitted = profile::fit(
         &hw0,
         &spec,
         &samples,
@@ -354,6 +354,7 @@ pub fn run_study(
         contention,
         &cfg.rooflines,
     )?;
+    fitted.order = Some(grid.order);
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
     let hw_arg = profile_path.display().to_string();
     let slow = fitted.hardware.with_steps_scaled(STEP_ERROR);
@@ -586,6 +587,11 @@ pub fn profile_markdown(p: &Profile) -> String {
         ));
     }
     s.push_str(&forms_markdown(&p.fit.forms));
+    match p.order {
+        Some(Order::Grouped) => s.push_str("\nCompute operators timed grouped: each shape's runs back to back (hot caches).\n"),
+        Some(Order::Interleaved) => s.push_str("\nCompute operators timed interleaved: shuffled rounds, each run after another operator's.\n"),
+        None => {}
+    }
     if let Some(c) = &p.contention {
         let w = c.weights;
         s.push_str(&format!(

@@ -1,5 +1,6 @@
 //! A study that stops part-way (here: the second run's store cannot be opened) still
-//! leaves a report of the runs it measured, marked partial, and its profile.
+//! leaves a report of the runs it measured, marked partial, and its profile (which says
+//! in what order its compute operators were timed).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use moonagent_validation::backend::Executor;
 use moonagent_validation::compute::CpuCompute;
 use moonagent_validation::exec::ComputeExecutor;
 use moonagent_validation::measure::MeasureError;
-use moonagent_validation::profile::Grid;
+use moonagent_validation::profile::{Grid, Order};
 use moonagent_validation::study::{self, StudyConfig};
 
 #[test]
@@ -24,7 +25,10 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
         requests: 6,
         repeats: 2,
         loads: vec![0.5],
-        grid: Grid::quick(),
+        grid: Grid {
+            order: Order::Interleaved,
+            ..Grid::quick()
+        },
         holdout: 3,
         contention: None,
         ..StudyConfig::default()
@@ -44,10 +48,15 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("**Partial: 1 of 2 runs**"), "{report}");
     assert!(report.contains("| B3 | 50% |"), "{report}");
+    assert!(
+        report.contains("Compute operators timed interleaved"),
+        "{report}"
+    );
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("study.json")).unwrap()).unwrap();
     assert_eq!(json["runs"].as_array().unwrap().len(), 1);
     assert_eq!(json["runs_planned"], 2);
+    assert_eq!(json["profile"]["order"], "interleaved");
     assert!(out.join("profile").join("profile.toml").exists());
     let _ = std::fs::remove_dir_all(&out);
 }
