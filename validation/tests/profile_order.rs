@@ -3,19 +3,24 @@
 //! which every shape runs once. Checked on an executor that records what it ran.
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use moonagent_core::serve::WorkerId;
 use moonagent_models::calibrate::Sample;
 use moonagent_validation::backend::{ExecError, Executor, Step};
 use moonagent_validation::profile::{self, Grid, Order};
 
-/// Runs nothing; remembers every step in call order.
+/// How long each recorded step waits: every timed run takes at least this long.
+const WAIT: Duration = Duration::from_micros(100);
+
+/// Waits [`WAIT`] per step; remembers every step in call order.
 #[derive(Default)]
 struct Recorder(Mutex<Vec<Step>>);
 
 impl Executor for Recorder {
     fn run(&self, _worker: WorkerId, step: &Step) -> Result<Vec<Vec<u8>>, ExecError> {
         self.0.lock().unwrap().push(step.clone());
+        std::thread::sleep(WAIT);
         Ok(Vec::new())
     }
     fn fingerprint(&self, _bytes: u64) -> Result<(), ExecError> {
@@ -52,17 +57,40 @@ fn points(g: &Grid) -> Vec<Step> {
     v
 }
 
-fn record(g: &Grid) -> (Vec<Step>, Vec<Sample>) {
+/// What ran, the samples, and the progress names in call order.
+fn record(g: &Grid) -> (Vec<Step>, Vec<Sample>, Vec<String>) {
     let r = Recorder::default();
-    let samples = profile::measure(g, &r, |_| {}).expect("measure");
-    (r.0.into_inner().unwrap(), samples)
+    let mut told = Vec::new();
+    let samples = profile::measure(g, &r, |op| told.push(op.to_string())).expect("measure");
+    (r.0.into_inner().unwrap(), samples, told)
 }
 
-/// The samples name the grid's points, in grid order, whatever the order of timing.
+/// The operator progress names for `steps`.
+fn names(steps: &[Step]) -> Vec<String> {
+    steps
+        .iter()
+        .map(|p| match p {
+            Step::Encode { .. } => "encode",
+            Step::Prefill(_) => "prefill",
+            Step::Decode { .. } => "decode",
+        })
+        .map(String::from)
+        .collect()
+}
+
+/// The samples name the grid's points, in grid order, whatever the order of timing, and
+/// each is a timed run's (at least [`WAIT`]).
 fn check_samples(g: &Grid, samples: &[Sample]) {
     let want = points(g);
     assert_eq!(samples.len(), want.len());
     for (s, p) in samples.iter().zip(&want) {
+        let ns = match s {
+            Sample::Encoder { measured_ns, .. }
+            | Sample::Prefill { measured_ns, .. }
+            | Sample::Decode { measured_ns, .. } => *measured_ns,
+            other => panic!("not a compute sample: {other:?}"),
+        };
+        assert!(ns >= WAIT.as_nanos() as u64, "{s:?} is shorter than a run");
         let same = match (s, p) {
             (Sample::Encoder { visual_tokens, .. }, Step::Encode { tokens, .. }) => {
                 visual_tokens == tokens
@@ -94,7 +122,12 @@ fn check_samples(g: &Grid, samples: &[Sample]) {
 #[test]
 fn grouped_times_each_shape_back_to_back() {
     let g = grid(Order::Grouped);
-    let (ran, samples) = record(&g);
+    let (ran, samples, told) = record(&g);
+    assert_eq!(
+        told,
+        names(&points(&g)),
+        "progress after each shape, in grid order"
+    );
     let want: Vec<Step> = points(&g)
         .into_iter()
         .flat_map(|p| std::iter::repeat_n(p, 1 + g.repeats))
@@ -112,7 +145,7 @@ fn interleaved_warms_every_shape_then_times_each_once_per_shuffled_round() {
     let g = grid(Order::Interleaved);
     let want = points(&g);
     let n = want.len();
-    let (ran, samples) = record(&g);
+    let (ran, samples, told) = record(&g);
     assert_eq!(
         ran.len(),
         n * (1 + g.repeats),
@@ -141,6 +174,11 @@ fn interleaved_warms_every_shape_then_times_each_once_per_shuffled_round() {
     assert!(
         ran[n..].windows(2).filter(|w| w[0] == w[1]).count() <= g.repeats,
         "consecutive runs of one shape happen only across a round boundary"
+    );
+    assert_eq!(
+        told,
+        names(&ran[n * g.repeats..]),
+        "progress once per shape, as the last round times it"
     );
     check_samples(&g, &samples);
     // The shuffle is seeded: the same grid runs in the same order again.
