@@ -633,15 +633,13 @@ fn all_cmd(a: AllArgs) -> Result<()> {
         cfg.requests = 30;
         cfg.repeats = 1;
         cfg.grid = Grid::quick();
-    }
-    cfg.grid.order = a.order.order();
-    if a.quick {
         cfg.holdout = 3;
         cfg.contention = Some(ContentionPlan {
             host_sched: cfg.host_sched,
             ..ContentionPlan::quick()
         });
     }
+    cfg.grid.order = a.order.order();
     let base = HardwareProfile::resolve(&a.base).map_err(|e| anyhow::anyhow!("--base: {e}"))?;
     let run_cfg = study::model_config(Mode::B3, &a.model, &base)
         .map_err(|e| anyhow::anyhow!("--model {}: {e}", a.model))?;
