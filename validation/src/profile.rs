@@ -230,7 +230,7 @@ pub fn measure(
         for _ in 0..grid.repeats.max(1) {
             v.push(timed(f)?);
         }
-        Ok(median_of(v))
+        Ok(median_run(v))
     };
     let mut steps: Vec<Step> = Vec::new();
     steps.extend(grid.encode.iter().map(|tokens| Step::Encode {
@@ -276,7 +276,7 @@ pub fn measure(
                     }
                 }
             }
-            v.into_iter().map(median_of).collect()
+            v.into_iter().map(median_run).collect()
         }
     };
     let mut out: Vec<Sample> = steps
@@ -403,10 +403,10 @@ fn timed(f: &mut dyn FnMut() -> Result<(), ProfileError>) -> Result<u64, Profile
     Ok((t.elapsed().as_nanos() as u64).max(1))
 }
 
-/// The median of timed runs (the upper one of an even count); `v` is not empty.
-fn median_of(mut v: Vec<u64>) -> u64 {
-    v.sort_unstable();
-    v[v.len() / 2]
+/// The median of a point's timed runs ([`median_u64`]); every point has at least one, and
+/// a run takes at least 1 ns.
+fn median_run(v: Vec<u64>) -> u64 {
+    median_u64(v).unwrap_or(1)
 }
 
 /// The progress name of a compute step's operator.
@@ -701,6 +701,7 @@ fn co_run(
     })
 }
 
+/// The median (the upper one of an even count); `None` when empty.
 fn median_u64(mut v: Vec<u64>) -> Option<u64> {
     v.sort_unstable();
     v.get(v.len() / 2).copied()
@@ -848,12 +849,13 @@ mod log_span_tests {
 
 #[cfg(test)]
 mod median_tests {
-    use super::median_of;
+    use super::median_u64;
 
     #[test]
     fn a_sample_is_the_middle_run_or_the_upper_of_two() {
-        assert_eq!(median_of(vec![5, 1, 3]), 3);
-        assert_eq!(median_of(vec![4, 1, 3, 2]), 3);
-        assert_eq!(median_of(vec![7]), 7);
+        assert_eq!(median_u64(vec![5, 1, 3]), Some(3));
+        assert_eq!(median_u64(vec![4, 1, 3, 2]), Some(3));
+        assert_eq!(median_u64(vec![7]), Some(7));
+        assert_eq!(median_u64(Vec::new()), None);
     }
 }
