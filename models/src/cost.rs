@@ -59,6 +59,8 @@ pub struct CostModel {
     encoder_overhead_ns: u64,
     prefill_overhead_ns: u64,
     decode_overhead_ns: u64,
+    // `[encode, prefill, decode]` step-time factors (`HardwareProfile::step_scale`).
+    step_scale: [f64; 3],
     // Ring all-reduce: per call latency, and ns per byte of the reduced tensor.
     allreduce_latency_ns: f64,
     allreduce_ns_per_byte: f64,
@@ -126,6 +128,7 @@ impl CostModel {
             encoder_overhead_ns: hw.overheads.encoder_batch_ns,
             prefill_overhead_ns: hw.overheads.prefill_chunk_ns,
             decode_overhead_ns: hw.overheads.decode_iter_ns,
+            step_scale: hw.step_scale.map_or([1.0; 3], |k| k.as_array()),
             allreduce_latency_ns,
             allreduce_ns_per_byte,
             vit_flops_per_patch: 2.0
@@ -199,6 +202,7 @@ impl CostModel {
             self.encoder_mfu,
             self.encoder_overhead_ns,
             self.rooflines.encoder,
+            self.step_scale[0],
         )
     }
 
@@ -249,6 +253,7 @@ impl CostModel {
             self.prefill_mfu,
             self.prefill_overhead_ns,
             self.rooflines.prefill,
+            self.step_scale[1],
         )
     }
 
@@ -261,6 +266,7 @@ impl CostModel {
             self.prefill_mfu,
             self.prefill_overhead_ns,
             self.rooflines.prefill,
+            self.step_scale[1],
         )
     }
 
@@ -290,6 +296,7 @@ impl CostModel {
             self.decode_mfu,
             self.decode_overhead_ns,
             self.rooflines.decode,
+            self.step_scale[2],
         )
     }
 
@@ -323,14 +330,19 @@ impl CostModel {
     }
 
     #[inline]
-    fn time_ns(&self, w: &Work, mfu: f64, overhead_ns: u64, form: Roofline) -> u64 {
+    fn time_ns(&self, w: &Work, mfu: f64, overhead_ns: u64, form: Roofline, scale: f64) -> u64 {
         if w.flops == 0.0 && w.hbm_bytes == 0.0 {
             return 0;
         }
         let compute = self.compute_ns_at_peak(w) / mfu;
         let memory = self.memory_ns_at_peak(w) / self.hbm_efficiency;
         let roof = form.combine(compute, memory);
-        to_ns(roof + w.comm_ns).saturating_add(overhead_ns)
+        if scale == 1.0 {
+            // Exactly today's integer sum when unscaled (no rounding moves).
+            to_ns(roof + w.comm_ns).saturating_add(overhead_ns)
+        } else {
+            to_ns((roof + w.comm_ns + overhead_ns as f64) * scale)
+        }
     }
 }
 

@@ -78,6 +78,34 @@ pub struct HardwareProfile {
     /// Absent: every running step gets an equal share. Requires `shared_cores`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub core_weights: Option<CoreWeights>,
+    /// Each compute step kind's time in a serving run against its time in the operator
+    /// profile, for steps that ran alone: `moonagent validate all` measures it on a
+    /// calibration run (a trace of its own, never one it is judged on) and the cost model
+    /// multiplies every step of that kind by it. A profile times each shape back to back,
+    /// hot; in a run, encode and prefill steps follow other work and decode iterations
+    /// follow each other. Absent: every factor 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_scale: Option<StepScale>,
+}
+
+/// Per compute step kind, the factor [`HardwareProfile::step_scale`] multiplies its time
+/// by.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepScale {
+    /// Encoder batches.
+    pub encode: f64,
+    /// Prefill chunks.
+    pub prefill: f64,
+    /// Decode iterations.
+    pub decode: f64,
+}
+
+impl StepScale {
+    /// Factors in `[encode, prefill, decode]` order.
+    pub fn as_array(&self) -> [f64; 3] {
+        [self.encode, self.prefill, self.decode]
+    }
 }
 
 /// Relative shares of shared cores per compute step kind: with steps of weights `w_i`
@@ -518,6 +546,11 @@ impl HardwareProfile {
             check_positive("core_weights.encode", w.encode)?;
             check_positive("core_weights.prefill", w.prefill)?;
             check_positive("core_weights.decode", w.decode)?;
+        }
+        if let Some(k) = self.step_scale {
+            check_positive("step_scale.encode", k.encode)?;
+            check_positive("step_scale.prefill", k.prefill)?;
+            check_positive("step_scale.decode", k.decode)?;
         }
         Ok(())
     }

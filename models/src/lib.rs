@@ -40,7 +40,7 @@ pub use cost::{
 pub use error::ModelError;
 pub use hardware::{
     shared_core_rates, CoreWeights, Efficiency, Flow, HardwareProfile, Host, Link, LinkKind, Links,
-    Overheads, Roofline, Rooflines,
+    Overheads, Roofline, Rooflines, StepScale,
 };
 pub use model::{Dtype, LlmSpec, ModelSpec, VisionSpec};
 

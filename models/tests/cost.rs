@@ -383,6 +383,58 @@ fn scaled_steps_take_s_times_as_long_and_nothing_else_moves() {
     }
 }
 
+/// `step_scale` multiplies each kind's step time by that kind's factor alone (to
+/// rounding: within 1 + factor ns), the other kinds and links unmoved; factors of exactly 1 give the unscaled
+/// times bit for bit (profiles without the table price as before).
+#[test]
+fn a_step_scale_multiplies_its_kind_only() {
+    use moonagent_models::StepScale;
+    for hw_name in ["h200", "cpu"] {
+        let (hw, spec, base) = setup(hw_name, "qwen2.5-vl-tiny", 1);
+        let times = |c: &CostModel| {
+            [
+                [64u32, 256, 1024].map(|t| c.encoder_time_ns(&[t])),
+                [(512u32, 0u32), (64, 4096), (2048, 512)].map(|ch| c.prefill_batch_time_ns(&[ch])),
+                [(1u32, 128u64), (8, 4096), (64, 65536)].map(|(b, x)| c.decode_iter_time_ns(b, x)),
+            ]
+        };
+        let t0 = times(&base);
+        let mut one = hw.clone();
+        one.step_scale = Some(StepScale {
+            encode: 1.0,
+            prefill: 1.0,
+            decode: 1.0,
+        });
+        assert_eq!(
+            times(&CostModel::new(&one, &spec, 1).unwrap()),
+            t0,
+            "{hw_name}: x1"
+        );
+        for (k, f) in [(0usize, 1.37), (1, 0.8), (2, 2.5)] {
+            let mut f3 = [1.0; 3];
+            f3[k] = f;
+            let mut hw2 = hw.clone();
+            hw2.step_scale = Some(StepScale {
+                encode: f3[0],
+                prefill: f3[1],
+                decode: f3[2],
+            });
+            let t = times(&CostModel::new(&hw2, &spec, 1).unwrap());
+            for kind in 0..3 {
+                for i in 0..3 {
+                    let want = t0[kind][i] as f64 * f3[kind];
+                    // The unscaled time rounds up once, the scaled one after scaling.
+                    assert!(
+                        (t[kind][i] as f64 - want).abs() <= 1.0 + f3[kind],
+                        "{hw_name}: kind {kind} shape {i} with factors {f3:?}: {} ns, expected {want:.0}",
+                        t[kind][i]
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The time a kind's cost should take in `form`: compute and memory at the profile's
 /// efficiencies, combined, rounded up, plus the overhead.
 fn expected_ns(hw: &HardwareProfile, w: Work, mfu: f64, overhead: u64, form: Roofline) -> u64 {

@@ -309,6 +309,29 @@ fn core_weights_need_shared_cores_and_positive_values() {
     assert_eq!(ok.core_weights.map(|w| w.as_array()), Some([1.0, 0.5, 2.0]));
 }
 
+#[test]
+fn a_step_scale_needs_three_positive_factors() {
+    let with = |table: &str| format!("{CPU}\n[step_scale]\n{table}");
+    assert_invalid(
+        &hw_err(&with("encode = 1.0\nprefill = 1.0\ndecode = 0.0")),
+        "step_scale.decode",
+    );
+    assert_invalid(
+        &hw_err(&with("encode = -1.0\nprefill = 1.0\ndecode = 1.0")),
+        "step_scale.encode",
+    );
+    assert_parse(&hw_err(&with("encode = 1.0\ndecode = 2.0")), &["prefill"]);
+    let ok = HardwareProfile::from_toml_str(
+        &with("encode = 1.2\nprefill = 0.9\ndecode = 1.5"),
+        "test.toml",
+    )
+    .expect("valid");
+    assert_eq!(ok.step_scale.map(|k| k.as_array()), Some([1.2, 0.9, 1.5]));
+    // Written back and read again: the same profile.
+    let back = HardwareProfile::from_toml_str(&ok.to_toml_string().unwrap(), "back.toml").unwrap();
+    assert_eq!(back, ok);
+}
+
 /// Water-filling: the rates never exceed 1, sum to `min(cores, steps)`, keep the weights'
 /// proportions among steps below full speed, and are plain processor sharing for equal
 /// weights.

@@ -19,7 +19,7 @@ use moonagent_validation::exec::ComputeExecutor;
 use moonagent_validation::measure::{mem_store, read_inputs, run_trace, write_run, MeasureError};
 use moonagent_validation::mooncake::BridgeStore;
 use moonagent_validation::profile::{self, ContentionPlan, Grid, Order};
-use moonagent_validation::study::{self, cpu_config, StoreFactory, StudyConfig};
+use moonagent_validation::study::{self, cpu_config, CalibrationPlan, StoreFactory, StudyConfig};
 
 use super::util::{read_config, read_trace};
 
@@ -327,6 +327,14 @@ struct AllArgs {
     /// In what order the profile times the compute operators (see `validate profile --help`).
     #[arg(long, value_enum, default_value = "grouped")]
     order: OrderArg,
+    /// Requests of the calibration run before the study's runs (B3 at 20% load on a trace
+    /// of its own): its steps that ran alone give `profile-calibrated.toml`'s
+    /// `step_scale`, each kind's time in a serving run over its profiled time, and every run
+    /// is also compared with it (and with it carried to the run by reference steps timed
+    /// around each run). The headline errors stay the operator profile's. 0: no
+    /// calibration run. `--quick`: 20.
+    #[arg(long)]
+    calibration_requests: Option<u64>,
     #[command(flatten)]
     sched: HostSchedArgs,
     #[command(flatten)]
@@ -639,6 +647,15 @@ fn all_cmd(a: AllArgs) -> Result<()> {
             ..ContentionPlan::quick()
         });
     }
+    let calibration_requests = a.calibration_requests.unwrap_or(if a.quick {
+        20
+    } else {
+        CalibrationPlan::default().requests
+    });
+    cfg.calibration = (calibration_requests > 0).then(|| CalibrationPlan {
+        requests: calibration_requests,
+        ..CalibrationPlan::default()
+    });
     cfg.grid.order = a.order.order();
     let base = HardwareProfile::resolve(&a.base).map_err(|e| anyhow::anyhow!("--base: {e}"))?;
     let run_cfg = study::model_config(Mode::B3, &a.model, &base)

@@ -7,7 +7,7 @@
 use moonagent_core::serve::Mode;
 use moonagent_models::{CostModel, HardwareProfile, ModelSpec};
 use moonagent_validation::backend::{Step, Timed, Work};
-use moonagent_validation::study::{alone_ns, cpu_config};
+use moonagent_validation::study::{alone_ns, cpu_config, step_concurrency};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -26,29 +26,10 @@ fn main() {
         .map(|l| serde_json::from_str(l).expect("parse timed line"))
         .filter(|t: &Timed| matches!(t.what, Work::Step(_)))
         .collect();
-    // Busy-thread count as a step function of time.
-    let mut edges: Vec<(u64, i32)> = steps
-        .iter()
-        .flat_map(|t| [(t.start_ns, 1), (t.start_ns + t.measured_ns, -1)])
-        .collect();
-    edges.sort();
-    let busy_over = |a: u64, b: u64| -> f64 {
-        let (mut n, mut last, mut area) = (0i32, 0u64, 0f64);
-        for &(t, d) in &edges {
-            let (lo, hi) = (last.max(a), t.min(b));
-            if hi > lo {
-                area += f64::from(n) * (hi - lo) as f64;
-            }
-            n += d;
-            last = t;
-            if t >= b {
-                break;
-            }
-        }
-        area / (b - a).max(1) as f64
-    };
+    let busy = step_concurrency(&steps);
     println!("worker,kind,start_ns,measured_ns,predicted_ns,busy,batch,ctx_sum");
-    for t in &steps {
+    for &(i, busy) in &busy {
+        let t = &steps[i];
         let Work::Step(s) = &t.what else { continue };
         let Some((k, p)) = alone_ns(&cost, s) else {
             continue;
@@ -67,7 +48,7 @@ fn main() {
             ["encode", "prefill", "decode"][k],
             t.start_ns,
             t.measured_ns,
-            busy_over(t.start_ns, t.start_ns + t.measured_ns)
+            busy
         );
     }
 }

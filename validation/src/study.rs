@@ -12,7 +12,7 @@ use std::sync::Arc;
 use moonagent_core::serve::Mode;
 use moonagent_core::store::{MemStoreConfig, Store, SEC};
 use moonagent_models::calibrate::Sample;
-use moonagent_models::{FormFit, Group, HardwareProfile, ModelSpec, Roofline};
+use moonagent_models::{FormFit, Group, HardwareProfile, ModelSpec, Roofline, StepScale};
 use moonagent_sim::des::{simulate, SimConfig};
 use moonagent_traces::gen::workloads::{WorkloadConfig, WorkloadGen};
 use moonagent_traces::schema::Request;
@@ -163,6 +163,211 @@ pub struct StudyConfig {
     /// The model the backend runs (the executor's) and the simulator prices
     /// ([`model_config`]).
     pub model: String,
+    /// The calibration run before the study's runs ([`CalibrationPlan`]); `None`: the
+    /// simulator prices steps with the operator profile alone.
+    pub calibration: Option<CalibrationPlan>,
+}
+
+/// A study's calibration run: one run of `mode` at `load` of the operator profile's
+/// capacity, `requests` requests of the study's workload on a trace of its own (the
+/// study's seed + 1, never one the study is judged on). Its compute steps that ran alone
+/// (mean concurrency over the step at most [`ALONE_BUSY`]) give each kind's
+/// measured / profiled time, the profile's `step_scale`: how a serving run's steps differ
+/// from the profile's (which times each shape back to back, hot) on this host at this
+/// hour.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CalibrationPlan {
+    /// Mode of the run (B3: every kind on a worker of its own, so most steps run alone at
+    /// light load).
+    pub mode: Mode,
+    /// Load as a fraction of the operator profile's simulated capacity.
+    pub load: f64,
+    /// Requests.
+    pub requests: u64,
+}
+
+impl Default for CalibrationPlan {
+    fn default() -> Self {
+        Self {
+            mode: Mode::B3,
+            load: 0.2,
+            requests: 100,
+        }
+    }
+}
+
+/// A step ran alone when the mean number of compute steps running over its span (itself
+/// included) is at most this.
+pub const ALONE_BUSY: f64 = 1.05;
+
+/// A kind with fewer steps that ran alone keeps the factor 1 (too few to take a median).
+pub const MIN_ALONE_STEPS: usize = 5;
+
+/// The calibration run's result ([`CalibrationPlan`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct Calibration {
+    /// Mode.
+    pub mode: String,
+    /// Load as a fraction of the operator profile's capacity.
+    pub load: f64,
+    /// Offered rate, requests per second.
+    pub rate: f64,
+    /// Trace seed.
+    pub seed: u64,
+    /// Requests.
+    pub requests: u64,
+    /// The run's summary.
+    pub run: RunSummary,
+    /// Compute steps per kind `[encode, prefill, decode]`.
+    pub steps: [usize; 3],
+    /// Steps per kind that ran alone.
+    pub alone: [usize; 3],
+    /// The factors that went into the profile.
+    pub step_scale: StepScale,
+    /// The reference steps around the calibration run.
+    pub step_probe: StepProbe,
+}
+
+/// Each kind's median measured / profiled time over the steps of `timed` that ran alone
+/// ([`ALONE_BUSY`]), priced by `hw` (its own `step_scale` included), with the count of
+/// steps and of steps alone per kind; a kind with fewer than [`MIN_ALONE_STEPS`] alone
+/// gets 1.
+pub fn alone_stretch(
+    timed: &[crate::backend::Timed],
+    hw: &HardwareProfile,
+    spec: &ModelSpec,
+) -> Result<(StepScale, [usize; 3], [usize; 3]), MeasureError> {
+    use crate::backend::Work;
+    let cost =
+        moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
+    let mut r: [Vec<f64>; 3] = Default::default();
+    let mut steps = [0usize; 3];
+    for (i, busy) in step_concurrency(timed) {
+        let Work::Step(step) = &timed[i].what else {
+            continue;
+        };
+        let Some((k, p)) = alone_ns(&cost, step) else {
+            continue;
+        };
+        steps[k] += 1;
+        if busy <= ALONE_BUSY && p > 0 {
+            r[k].push(timed[i].measured_ns as f64 / p as f64);
+        }
+    }
+    let alone = [r[0].len(), r[1].len(), r[2].len()];
+    let f = r.map(|v| {
+        if v.len() < MIN_ALONE_STEPS {
+            1.0
+        } else {
+            median(v).unwrap_or(1.0)
+        }
+    });
+    Ok((
+        StepScale {
+            encode: f[0],
+            prefill: f[1],
+            decode: f[2],
+        },
+        steps,
+        alone,
+    ))
+}
+
+/// The reference steps a study times just before and just after every run (and its
+/// calibration run): one mid-grid shape per compute kind, one warm-up and three timed runs
+/// each, back to back as the profile times them.
+pub fn reference_grid() -> Grid {
+    Grid {
+        encode: vec![vec![256]],
+        prefill: vec![(256, 256)],
+        decode: vec![(8, 512)],
+        transfer: Vec::new(),
+        fingerprint: Vec::new(),
+        repeats: 3,
+        order: Order::Grouped,
+    }
+}
+
+/// What the reference steps ([`reference_grid`]) took just before and just after a run,
+/// each as its median time over its profiled time, `[encode, prefill, decode]`: how fast
+/// this host ran the model's operators around the run, against when it was profiled. (The
+/// host probe's integer loop does not see a neighbour taking memory bandwidth or cache;
+/// these steps do.)
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StepProbe {
+    /// Before the run.
+    pub before: [f64; 3],
+    /// After the run.
+    pub after: [f64; 3],
+}
+
+impl StepProbe {
+    /// The mean of before and after, per kind: the host's speed over the run, as far as
+    /// the two probes tell.
+    pub fn around(&self) -> [f64; 3] {
+        [0, 1, 2].map(|k| 0.5 * (self.before[k] + self.after[k]))
+    }
+}
+
+/// Time the reference steps on `exec`, each over its time priced by `hw`.
+pub fn probe_steps(
+    exec: &dyn Executor,
+    hw: &HardwareProfile,
+    spec: &ModelSpec,
+) -> Result<[f64; 3], MeasureError> {
+    use moonagent_models::calibrate::Sample as S;
+    let cost =
+        moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
+    let mut r = [0.0; 3];
+    for s in profile::measure(&reference_grid(), exec, |_| {})? {
+        let (k, measured, priced) = match s {
+            S::Encoder {
+                visual_tokens,
+                measured_ns,
+            } => (0, measured_ns, cost.encoder_time_ns(&visual_tokens)),
+            S::Prefill {
+                new_tokens,
+                cached_tokens,
+                measured_ns,
+            } => (
+                1,
+                measured_ns,
+                cost.prefill_batch_time_ns(&[(new_tokens, cached_tokens)]),
+            ),
+            S::Decode {
+                batch,
+                context_tokens,
+                measured_ns,
+            } => (
+                2,
+                measured_ns,
+                cost.decode_iter_time_ns(batch, context_tokens),
+            ),
+            _ => continue,
+        };
+        r[k] = measured as f64 / priced.max(1) as f64;
+    }
+    Ok(r)
+}
+
+/// The calibrated profile's factors carried to a run: each kind's calibration factor times
+/// how much faster or slower the reference steps ran around this run than around the
+/// calibration run ([`StepProbe::around`]).
+pub fn tracked_scale(cal: &Calibration, run: &StepProbe) -> StepScale {
+    let (c, r) = (cal.step_probe.around(), run.around());
+    let k = cal.step_scale.as_array();
+    let f = [0, 1, 2].map(|i| {
+        if c[i] > 0.0 && r[i] > 0.0 {
+            k[i] * r[i] / c[i]
+        } else {
+            k[i]
+        }
+    });
+    StepScale {
+        encode: f[0],
+        prefill: f[1],
+        decode: f[2],
+    }
 }
 
 impl Default for StudyConfig {
@@ -181,6 +386,7 @@ impl Default for StudyConfig {
             compute: "cpu".into(),
             rooflines: Roofline::ALL.to_vec(),
             model: STUDY_MODEL.into(),
+            calibration: Some(CalibrationPlan::default()),
         }
     }
 }
@@ -215,6 +421,53 @@ pub fn step_stretch(
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     }))
+}
+
+/// For each compute step of `timed`, in order, its index in `timed` and the mean number
+/// of compute steps running over its span, itself included (1.0: it ran alone). Steps
+/// are counted from their measured start and duration; transfers and fingerprints are
+/// not compute steps and get no entry.
+pub fn step_concurrency(timed: &[crate::backend::Timed]) -> Vec<(usize, f64)> {
+    use crate::backend::Work;
+    let steps: Vec<(usize, u64, u64)> = timed
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| matches!(t.what, Work::Step(_)))
+        .map(|(i, t)| (i, t.start_ns, t.start_ns.saturating_add(t.measured_ns)))
+        .collect();
+    // Busy-step count as a step function of time: +1 at each start, -1 at each end (an
+    // end sorts before a start at the same instant).
+    let mut edges: Vec<(u64, i64)> = steps
+        .iter()
+        .flat_map(|&(_, a, b)| [(a, 1), (b, -1)])
+        .collect();
+    edges.sort_unstable();
+    let mut level = Vec::with_capacity(edges.len());
+    let mut n = 0i64;
+    for &(_, d) in &edges {
+        n += d;
+        level.push(n);
+    }
+    steps
+        .iter()
+        .map(|&(i, a, b)| {
+            if b <= a {
+                return (i, 1.0);
+            }
+            // The level just after the last edge at or before `a`, then every edge to `b`.
+            let mut j = edges.partition_point(|e| e.0 <= a);
+            let mut cur = if j == 0 { 0 } else { level[j - 1] };
+            let (mut last, mut area) = (a, 0f64);
+            while j < edges.len() && edges[j].0 < b {
+                area += cur as f64 * (edges[j].0 - last) as f64;
+                last = edges[j].0;
+                cur = level[j];
+                j += 1;
+            }
+            area += cur as f64 * (b - last) as f64;
+            (i, area / (b - a) as f64)
+        })
+        .collect()
 }
 
 /// A compute step's kind (`0` encode, `1` prefill, `2` decode) and its time alone by
@@ -254,6 +507,15 @@ pub struct StudyRun {
     pub run: RunSummary,
     /// Simulated against measured.
     pub comparison: Comparison,
+    /// Simulated with the calibrated profile (the operator profile with the calibration
+    /// run's `step_scale`) against measured; `None` when the study had no calibration run.
+    pub calibrated: Option<Comparison>,
+    /// Simulated with the calibrated factors carried to this run by the reference steps
+    /// ([`tracked_scale`], `runs/<label>/profile-tracked.toml`) against measured; `None`
+    /// without a calibration run.
+    pub tracked: Option<Comparison>,
+    /// The reference steps just before and just after the run.
+    pub step_probe: StepProbe,
 }
 
 /// The result of `validate all`.
@@ -271,6 +533,9 @@ pub struct Study {
     pub model: String,
     /// The profile fit.
     pub profile: Profile,
+    /// The calibration run, when the study had one: its `step_scale` is in the profile
+    /// every run is compared with (`profile/profile-calibrated.toml`).
+    pub calibration: Option<Calibration>,
     /// Simulated saturated throughput per mode, requests per second.
     pub capacity_rps: Vec<(String, f64)>,
     /// Every run.
@@ -356,7 +621,45 @@ pub fn run_study(
     )?;
     fitted.order = Some(grid.order);
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
-    let hw_arg = profile_path.display().to_string();
+    let ops_arg = profile_path.display().to_string();
+    // The calibration run, on a trace of its own: the profile every run is compared with
+    // gets its `step_scale`.
+    let (cal_hw, calibration) = match cfg.calibration {
+        None => (fitted.hardware.clone(), None),
+        Some(plan) => {
+            say(&format!(
+                "calibration run ({} at {:.0}% of capacity, {} requests)",
+                plan.mode.name(),
+                100.0 * plan.load,
+                plan.requests
+            ));
+            let c = calibration_run(
+                &plan,
+                cfg,
+                &spec,
+                &fitted.hardware,
+                &ops_arg,
+                Arc::clone(&exec),
+                stores,
+                out,
+            )?;
+            let mut hw = fitted.hardware.clone();
+            hw.step_scale = Some(c.step_scale);
+            (hw, Some(c))
+        }
+    };
+    let cal_arg = match calibration {
+        Some(_) => {
+            let p = out.join("profile").join("profile-calibrated.toml");
+            let text = cal_hw
+                .to_toml_string()
+                .map_err(|e| MeasureError::writing(&p, e))?;
+            std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))?;
+            Some(p.display().to_string())
+        }
+        None => None,
+    };
+    let hw_arg = ops_arg;
     let slow = fitted.hardware.with_steps_scaled(STEP_ERROR);
     let slow_path = out
         .join("profile")
@@ -378,6 +681,7 @@ pub fn run_study(
         compute: cfg.compute.clone(),
         model: spec.name.clone(),
         profile: fitted.clone(),
+        calibration: calibration.clone(),
         capacity_rps: Vec::new(),
         runs: Vec::new(),
         floors: Vec::new(),
@@ -407,23 +711,44 @@ pub fn run_study(
                 ));
                 let label = format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k);
                 let mut store = stores(&mcfg, &label)?;
-                let (m, s) = run_trace(
+                let (m, s, probe) = probed_run(
                     &mcfg,
                     &trace,
                     bs,
                     &mut *store,
                     Arc::clone(&exec),
-                    1.0,
-                    RunOptions {
-                        host_sched: cfg.host_sched,
-                        probe_host: Some(HOST_PROBE),
-                        ..RunOptions::default()
-                    },
+                    cfg,
+                    &fitted.hardware,
+                    &spec,
                 )?;
                 let dir = out.join("runs").join(&label);
                 write_run(&dir, &m, &s)?;
+                // The calibrated factors carried to this run by the reference steps.
+                let tracked = match &calibration {
+                    Some(cal) => {
+                        let mut h = fitted.hardware.clone();
+                        h.step_scale = Some(tracked_scale(cal, &probe));
+                        let p = dir.join("profile-tracked.toml");
+                        let text = h
+                            .to_toml_string()
+                            .map_err(|e| MeasureError::writing(&p, e))?;
+                        std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))?;
+                        Some(compare(
+                            &mcfg,
+                            &trace,
+                            bs,
+                            &m.inputs,
+                            &p.display().to_string(),
+                        )?)
+                    }
+                    None => None,
+                };
                 let stretch = step_stretch(&m.timed, &fitted.hardware, &spec)?;
                 let mut c = compare(&mcfg, &trace, bs, &m.inputs, &hw_arg)?;
+                let calibrated = match &cal_arg {
+                    Some(p) => Some(compare(&mcfg, &trace, bs, &m.inputs, p)?),
+                    None => None,
+                };
                 if k == 0 {
                     first_inputs = m.inputs.clone();
                 }
@@ -436,6 +761,9 @@ pub fn run_study(
                     step_stretch: stretch,
                     run: s,
                     comparison: c,
+                    calibrated,
+                    tracked,
+                    step_probe: probe,
                 });
                 // The report so far, so a study stopped part-way still says what it
                 // measured.
@@ -479,6 +807,78 @@ pub fn run_study(
     crate::compare::write(out, "simulated vs measured", &cs)?;
     write_report(out, &study)?;
     Ok(study)
+}
+
+/// Run `plan` on the backend (a trace of its own: the study's seed + 1, at `plan.load` of
+/// the capacity `ops` simulates), write it under `out/calibration/`, and measure its
+/// [`alone_stretch`] against the operator profile `hw` (written at `ops`).
+#[allow(clippy::too_many_arguments)]
+fn calibration_run(
+    plan: &CalibrationPlan,
+    cfg: &StudyConfig,
+    spec: &ModelSpec,
+    hw: &HardwareProfile,
+    ops: &str,
+    exec: Arc<dyn Executor>,
+    stores: &mut StoreFactory<'_>,
+    out: &Path,
+) -> Result<Calibration, MeasureError> {
+    let seed = cfg.seed.wrapping_add(1);
+    let mcfg = SimConfig {
+        hardware: ops.to_string(),
+        ..model_config(plan.mode, &cfg.model, hw)?
+    };
+    let (sat_trace, sat_bs) = generate(plan.requests, 1e9, seed)?;
+    let (sat, _) = simulate(&mcfg, &sat_trace, sat_bs)?;
+    let rate = (plan.load * sat.throughput_rps).max(1e-3);
+    let (trace, bs) = generate(plan.requests, rate, seed)?;
+    let mut store = stores(&mcfg, "calibration")?;
+    let (m, s, step_probe) = probed_run(&mcfg, &trace, bs, &mut *store, exec, cfg, hw, spec)?;
+    write_run(&out.join("calibration"), &m, &s)?;
+    let (step_scale, steps, alone) = alone_stretch(&m.timed, hw, spec)?;
+    Ok(Calibration {
+        mode: plan.mode.name().into(),
+        load: plan.load,
+        rate,
+        seed,
+        requests: plan.requests,
+        run: s,
+        steps,
+        alone,
+        step_scale,
+        step_probe,
+    })
+}
+
+/// One measured run of a study ([`run_trace`] with the host probe), with the reference
+/// steps ([`probe_steps`], priced by `hw`) timed just before and just after it.
+#[allow(clippy::too_many_arguments)]
+fn probed_run(
+    mcfg: &SimConfig,
+    trace: &[Request],
+    bs: u32,
+    store: &mut dyn Store,
+    exec: Arc<dyn Executor>,
+    cfg: &StudyConfig,
+    hw: &HardwareProfile,
+    spec: &ModelSpec,
+) -> Result<(crate::backend::Measured, RunSummary, StepProbe), MeasureError> {
+    let before = probe_steps(exec.as_ref(), hw, spec)?;
+    let (m, s) = run_trace(
+        mcfg,
+        trace,
+        bs,
+        store,
+        Arc::clone(&exec),
+        1.0,
+        RunOptions {
+            host_sched: cfg.host_sched,
+            probe_host: Some(HOST_PROBE),
+            ..RunOptions::default()
+        },
+    )?;
+    let after = probe_steps(exec.as_ref(), hw, spec)?;
+    Ok((m, s, StepProbe { before, after }))
 }
 
 /// `report.md` and `study.json` of `st` in `out`.
@@ -657,6 +1057,32 @@ fn forms_markdown(forms: &[FormFit]) -> String {
     s
 }
 
+/// The report's section on the calibration run (empty without one).
+fn calibration_markdown(c: Option<&Calibration>) -> String {
+    let Some(c) = c else {
+        return String::new();
+    };
+    let k = c.step_scale;
+    format!(
+        "\n## Calibration run\n\n{} at {:.0}% of the operator profile's capacity ({:.2} req/s), {} requests on a trace of its own (seed {}), {:.1} s: its compute steps that ran alone (mean concurrency over the step at most {ALONE_BUSY}) took **{:.3} / {:.3} / {:.3}** times their profiled time (encode / prefill / decode; median over {} / {} / {} steps alone of {} / {} / {}; a kind with fewer than {MIN_ALONE_STEPS} alone keeps 1). These factors are the `step_scale` of `profile/profile-calibrated.toml`; every run below is also simulated with it (the column *with calibration*), while the headline errors stay the operator profile's (`profile/profile.toml`), comparable with studies before the calibration run existed.\n",
+        c.mode,
+        100.0 * c.load,
+        c.rate,
+        c.requests,
+        c.seed,
+        c.run.wall_s,
+        k.encode,
+        k.prefill,
+        k.decode,
+        c.alone[0],
+        c.alone[1],
+        c.alone[2],
+        c.steps[0],
+        c.steps[1],
+        c.steps[2],
+    )
+}
+
 fn stretch_text(s: [f64; 3]) -> String {
     format!("{:.2} / {:.2} / {:.2}", s[0], s[1], s[2])
 }
@@ -674,6 +1100,7 @@ pub fn report(st: &Study) -> String {
     }
     s.push_str("## Operator profile\n\n");
     s.push_str(&profile_markdown(&st.profile));
+    s.push_str(&calibration_markdown(st.calibration.as_ref()));
     s.push_str(&format!(
         "\n## Runs\n\nModel `{}`; operators on `{}`; {} compute workers (threads) on {} cores, scheduled by {}{}. Step stretch E/P/D: median measured / profiled time of the run's encode, prefill and decode steps (1.00: as fast as profiled alone).\n\n",
         st.model,
@@ -698,12 +1125,12 @@ pub fn report(st: &Study) -> String {
             _ => String::new(),
         }
     ));
-    s.push_str("Host before / after: what the host's cores delivered just before and just after the run, all cores at once as a share of the cores times one thread alone (1.00: every core at full speed); a run whose host changed under it measures the host as much as the backend.\n\n");
-    s.push_str("| mode | load | rate req/s | run | wall s | same decisions | host before / after | step stretch E/P/D | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("Host before / after: what the host's cores delivered just before and just after the run, all cores at once as a share of the cores times one thread alone (1.00: every core at full speed); a run whose host changed under it measures the host as much as the backend. Reference steps E/P/D: one encode, prefill and decode shape timed just before and just after the run (three runs each after a warm-up), as their profiled time's multiple, the mean of before and after: the host's speed at the model's own operators around the run, which the integer loop of the host probe does not see.\n\n");
+    s.push_str("| mode | load | rate req/s | run | wall s | same decisions | host before / after | reference steps E/P/D | step stretch E/P/D | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &st.runs {
         let c = &r.comparison;
         s.push_str(&format!(
-            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {} | {} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
+            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {} | {} | {} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
             r.mode,
             100.0 * r.load,
             r.rate,
@@ -719,6 +1146,7 @@ pub fn report(st: &Study) -> String {
                 ),
                 _ => "-".into(),
             },
+            stretch_text(r.step_probe.around()),
             stretch_text(r.step_stretch),
             c.ttft.median_abs_pct,
             c.ttft.bias_pct,
@@ -731,7 +1159,7 @@ pub fn report(st: &Study) -> String {
             100.0 * c.kv_block_hit_rate.1,
         ));
     }
-    s.push_str(&format!("\n## Per mode and load, median over repeats\n\nRepeat to repeat: the measured runs against each other, request by request (median over pairs of repeats of the TTFT / E2E median abs difference): the machine's own repeatability. A deterministic prediction cannot come much closer to one run than that (were each run its requests' expected times plus independent noise, an exact prediction of the expected times would be off by about 0.7 times the repeat-to-repeat figure). Step error {:.0}%: the simulator against itself with every compute step {:.0}% slower, on the first repeat's arrivals: what a profile that far off does with no other error.\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | TTFT / E2E repeat to repeat % | TTFT / E2E from step error % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|---|---|\n", 100.0 * (STEP_ERROR - 1.0), 100.0 * (STEP_ERROR - 1.0)));
+    s.push_str(&format!("\n## Per mode and load, median over repeats\n\nRepeat to repeat: the measured runs against each other, request by request (median over pairs of repeats of the TTFT / E2E median abs difference): the machine's own repeatability. A deterministic prediction cannot come much closer to one run than that (were each run its requests' expected times plus independent noise, an exact prediction of the expected times would be off by about 0.7 times the repeat-to-repeat figure). Step error {:.0}%: the simulator against itself with every compute step {:.0}% slower, on the first repeat's arrivals: what a profile that far off does with no other error.{}\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | TTFT / E2E repeat to repeat % | TTFT / E2E from step error % | TTFT / E2E with calibration % | TTFT / E2E calibration tracked % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", 100.0 * (STEP_ERROR - 1.0), 100.0 * (STEP_ERROR - 1.0), if st.calibration.is_some() { " With calibration: the same runs simulated with the calibration run's `step_scale` (`profile/profile-calibrated.toml`). Calibration tracked: with those factors each multiplied by how much slower or faster the reference steps ran around the run than around the calibration run (`runs/<label>/profile-tracked.toml`)." } else { "" }));
     let mut keys: Vec<(String, u64)> = st
         .runs
         .iter()
@@ -755,8 +1183,15 @@ pub fn report(st: &Study) -> String {
             .iter()
             .find(|f| f.mode == mode && (f.load * 1000.0) as u64 == load);
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        let other = |which: &dyn Fn(&StudyRun) -> Option<&Comparison>,
+                     f: &dyn Fn(&Comparison) -> f64| {
+            let v: Vec<f64> = rs.iter().filter_map(|r| which(r).map(f)).collect();
+            median(v)
+        };
+        let cal = |f: &dyn Fn(&Comparison) -> f64| other(&|r| r.calibrated.as_ref(), f);
+        let tracked = |f: &dyn Fn(&Comparison) -> f64| other(&|r| r.tracked.as_ref(), f);
         s.push_str(&format!(
-            "| {mode} | {:.0}% | {} | {:.1} | {:.1} | {} / {} | {} / {} | {:+.1} | {:+.1} | {:+.1} | {} |\n",
+            "| {mode} | {:.0}% | {} | {:.1} | {:.1} | {} / {} | {} / {} | {} / {} | {} / {} | {:+.1} | {:+.1} | {:+.1} | {} |\n",
             load as f64 / 10.0,
             rs.len(),
             med(&|r| r.comparison.ttft.median_abs_pct),
@@ -765,6 +1200,10 @@ pub fn report(st: &Study) -> String {
             pct(floor.and_then(|f| f.repeat_e2e_pct)),
             pct(floor.map(|f| f.step_error_ttft_pct)),
             pct(floor.map(|f| f.step_error_e2e_pct)),
+            pct(cal(&|c| c.ttft.median_abs_pct)),
+            pct(cal(&|c| c.e2e.median_abs_pct)),
+            pct(tracked(&|c| c.ttft.median_abs_pct)),
+            pct(tracked(&|c| c.e2e.median_abs_pct)),
             med(&|r| rel(r.comparison.throughput_rps)),
             med(&|r| 100.0 * (r.comparison.image_hit_rate.1 - r.comparison.image_hit_rate.0)),
             med(&|r| 100.0 * (r.comparison.kv_block_hit_rate.1 - r.comparison.kv_block_hit_rate.0)),
@@ -794,6 +1233,138 @@ mod tests {
         CostModel::new(hw, &spec, 1)
             .unwrap()
             .kv_capacity_tokens(cfg.kv_mem_fraction)
+    }
+
+    fn step(start_ns: u64, measured_ns: u64, what: crate::backend::Step) -> crate::backend::Timed {
+        crate::backend::Timed {
+            worker: 0,
+            what: crate::backend::Work::Step(what),
+            start_ns,
+            measured_ns,
+        }
+    }
+
+    fn decode(batch: u32) -> crate::backend::Step {
+        crate::backend::Step::Decode {
+            batch,
+            ctx_sum: 128 * u64::from(batch),
+            extra: Vec::new(),
+        }
+    }
+
+    /// The mean number of steps over a step's span: 1 alone, 2 fully overlapped, the
+    /// time-weighted mean in between; back-to-back steps (one ends where the next starts)
+    /// do not overlap; transfers are not steps.
+    #[test]
+    fn step_concurrency_is_the_mean_busy_count_over_each_step() {
+        let transfer = crate::backend::Timed {
+            worker: 9,
+            what: crate::backend::Work::Transfer {
+                flow: moonagent_models::Flow::Put,
+                bytes: 1,
+                path: Default::default(),
+            },
+            start_ns: 0,
+            measured_ns: 1_000,
+        };
+        let timed = vec![
+            step(0, 100, decode(1)),   // alone
+            step(100, 100, decode(1)), // starts as the first ends
+            transfer,
+            step(300, 100, decode(1)), // [300, 400) under [300, 500)
+            step(300, 200, decode(2)), // half with the previous one, half alone
+            step(600, 100, decode(1)), // [600, 700) with three others over [650, 700)
+            step(650, 50, decode(1)),
+            step(650, 50, decode(1)),
+            step(650, 50, decode(1)),
+        ];
+        let c = step_concurrency(&timed);
+        let idx: Vec<usize> = c.iter().map(|x| x.0).collect();
+        assert_eq!(idx, vec![0, 1, 3, 4, 5, 6, 7, 8]);
+        let busy: Vec<f64> = c.iter().map(|x| x.1).collect();
+        assert_eq!(busy, vec![1.0, 1.0, 2.0, 1.5, 2.5, 4.0, 4.0, 4.0]);
+    }
+
+    /// Each kind's factor is the median measured / profiled time of its steps that ran
+    /// alone; overlapped steps and kinds with too few alone steps do not move it.
+    #[test]
+    fn alone_stretch_takes_the_median_of_the_steps_that_ran_alone() {
+        let spec = ModelSpec::resolve(STUDY_MODEL).unwrap();
+        let hw = HardwareProfile::by_name("cpu").unwrap();
+        let cost = CostModel::new(&hw, &spec, 1).unwrap();
+        let d1 = cost.decode_iter_time_ns(1, 128);
+        let d2 = cost.decode_iter_time_ns(2, 256);
+        let p = cost.prefill_batch_time_ns(&[(256, 0)]);
+        let mut timed = Vec::new();
+        let mut t = 0;
+        // Seven decode iterations alone at 1.1, 1.2, ..., 1.7 times their price.
+        for i in 0..7u64 {
+            let d = if i % 2 == 0 { d1 } else { d2 };
+            let m = d * (11 + i) / 10;
+            timed.push(step(t, m, decode(if i % 2 == 0 { 1 } else { 2 })));
+            t += m + 10;
+        }
+        // Two decode iterations fully overlapped at 5 times: not alone.
+        timed.push(step(t, 5 * d1, decode(1)));
+        timed.push(step(t, 5 * d1, decode(1)));
+        t += 5 * d1 + 10;
+        // Four prefills alone at 3 times: fewer than MIN_ALONE_STEPS.
+        for _ in 0..MIN_ALONE_STEPS - 1 {
+            timed.push(step(
+                t,
+                3 * p,
+                crate::backend::Step::Prefill(vec![(256, 0)]),
+            ));
+            t += 3 * p + 10;
+        }
+        let (k, steps, alone) = alone_stretch(&timed, &hw, &spec).unwrap();
+        assert_eq!(steps, [0, MIN_ALONE_STEPS - 1, 9]);
+        assert_eq!(alone, [0, MIN_ALONE_STEPS - 1, 7]);
+        assert_eq!((k.encode, k.prefill), (1.0, 1.0));
+        assert!((k.decode - 1.4).abs() < 1e-3, "{k:?}");
+        // One more prefill alone and the kind gets its own factor.
+        timed.push(step(
+            t,
+            3 * p,
+            crate::backend::Step::Prefill(vec![(256, 0)]),
+        ));
+        let (k, _, _) = alone_stretch(&timed, &hw, &spec).unwrap();
+        assert!((k.prefill - 3.0).abs() < 1e-3, "{k:?}");
+    }
+
+    /// The tracked factor is the calibration factor times the run's reference-step speed
+    /// over the calibration run's (each the mean of before and after); a kind whose probe
+    /// is missing keeps the calibration factor.
+    #[test]
+    fn tracked_scale_carries_the_calibration_by_the_reference_steps() {
+        let run = |before: [f64; 3], after: [f64; 3]| StepProbe { before, after };
+        let cal = Calibration {
+            mode: "B3".into(),
+            load: 0.2,
+            rate: 1.0,
+            seed: 18,
+            requests: 10,
+            run: serde_json::from_value(serde_json::json!({
+                "summary": serde_json::to_value(moonagent_sim::des::Summary::default()).unwrap(),
+                "wall_s": 1.0, "engine_s": 0.1, "actions": 1, "same_decisions": true
+            }))
+            .unwrap(),
+            steps: [1, 1, 1],
+            alone: [1, 1, 1],
+            step_scale: StepScale {
+                encode: 1.2,
+                prefill: 1.0,
+                decode: 0.8,
+            },
+            step_probe: run([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]),
+        };
+        let k = tracked_scale(&cal, &run([1.1, 2.0, 0.8], [1.3, 2.4, 1.0]));
+        let want = [1.2 * 1.2, 1.0 * 2.2 / 2.0, 0.8 * 0.9];
+        for (got, want) in k.as_array().into_iter().zip(want) {
+            assert!((got - want).abs() < 1e-12, "{k:?} against {want:?}");
+        }
+        let k = tracked_scale(&cal, &run([0.0, 2.0, 1.0], [0.0, 2.0, 1.0]));
+        assert_eq!(k.as_array(), [1.2, 1.0, 0.8]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A study that stops part-way (here: the second run's store cannot be opened) still
-//! leaves a report of the runs it measured, marked partial, and its profile (which says
-//! in what order its compute operators were timed).
+//! leaves a report of the runs it measured, marked partial, its profile (which says in
+//! what order its compute operators were timed) and its calibration run.
 
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use moonagent_validation::compute::CpuCompute;
 use moonagent_validation::exec::ComputeExecutor;
 use moonagent_validation::measure::MeasureError;
 use moonagent_validation::profile::{Grid, Order};
-use moonagent_validation::study::{self, StudyConfig};
+use moonagent_validation::study::{self, CalibrationPlan, StudyConfig};
 
 #[test]
 fn a_study_stopped_part_way_leaves_a_partial_report() {
@@ -31,20 +31,26 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
         },
         holdout: 3,
         contention: None,
+        calibration: Some(CalibrationPlan {
+            requests: 6,
+            ..CalibrationPlan::default()
+        }),
         ..StudyConfig::default()
     };
     let out = std::env::temp_dir().join(format!("moonagent-partial-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let mut opened = 0;
+    let mut opened = Vec::new();
     let mut stores = |c: &SimConfig, label: &str| -> Result<Box<dyn Store>, MeasureError> {
-        opened += 1;
-        if opened > 1 {
+        opened.push(label.to_string());
+        // The calibration run's store, then the first run's.
+        if opened.len() > 2 {
             return Err(MeasureError::Store(format!("{label}: the store went away")));
         }
         study::embedded_stores(c, label)
     };
     let err = study::run_study(&cfg, exec, &mut stores, &out, |_| {}).unwrap_err();
     assert!(err.to_string().contains("the store went away"), "{err}");
+    assert_eq!(opened, ["calibration", "B3-50-0", "B3-50-1"]);
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("**Partial: 1 of 2 runs**"), "{report}");
     assert!(report.contains("| B3 | 50% |"), "{report}");
@@ -58,5 +64,46 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
     assert_eq!(json["runs_planned"], 2);
     assert_eq!(json["profile"]["order"], "interleaved");
     assert!(out.join("profile").join("profile.toml").exists());
+    // The calibration run: on a trace of its own, written beside the runs, its factors in
+    // the calibrated profile each run is also compared with.
+    assert!(report.contains("## Calibration run"), "{report}");
+    assert!(report.contains("with calibration"), "{report}");
+    assert_eq!(json["calibration"]["requests"], 6);
+    assert_eq!(json["calibration"]["seed"], 18);
+    assert!(json["runs"][0]["calibrated"]["ttft"].is_object());
+    assert!(json["runs"][0]["tracked"]["ttft"].is_object());
+    assert!(report.contains("calibration tracked"), "{report}");
+    // The reference steps ran around the calibration run and the measured run.
+    for probe in [
+        &json["calibration"]["step_probe"],
+        &json["runs"][0]["step_probe"],
+    ] {
+        for side in ["before", "after"] {
+            let v = probe[side].as_array().unwrap();
+            assert!(
+                v.len() == 3 && v.iter().all(|x| x.as_f64().unwrap() > 0.0),
+                "{probe}"
+            );
+        }
+    }
+    let tracked = moonagent_models::HardwareProfile::from_path(
+        out.join("runs")
+            .join("B3-50-0")
+            .join("profile-tracked.toml"),
+    )
+    .unwrap();
+    assert!(tracked.step_scale.is_some());
+    assert!(out.join("calibration").join("timed.jsonl").exists());
+    let cal = moonagent_models::HardwareProfile::from_path(
+        out.join("profile").join("profile-calibrated.toml"),
+    )
+    .unwrap();
+    let k = cal
+        .step_scale
+        .expect("a calibrated profile has a step_scale");
+    assert_eq!(
+        serde_json::to_value(k).unwrap(),
+        json["calibration"]["step_scale"]
+    );
     let _ = std::fs::remove_dir_all(&out);
 }
