@@ -330,8 +330,7 @@ struct AllArgs {
     /// Requests of the calibration run before the study's runs (B3 at 20% load on a trace
     /// of its own): its steps that ran alone give `profile-calibrated.toml`'s
     /// `step_scale`, each kind's time in a serving run over its profiled time, and every run
-    /// is also compared with it (and with it carried to the run by reference steps timed
-    /// around each run). The headline errors stay the operator profile's. 0: no
+    /// is also compared with it. The headline errors stay the operator profile's. 0: no
     /// calibration run. `--quick`: 20.
     #[arg(long)]
     calibration_requests: Option<u64>,

@@ -224,8 +224,6 @@ pub struct Calibration {
     pub alone: [usize; 3],
     /// The factors that went into the profile.
     pub step_scale: StepScale,
-    /// The reference steps around the calibration run.
-    pub step_probe: StepProbe,
 }
 
 /// Each kind's median measured / profiled time over the steps of `timed` that ran alone
@@ -271,103 +269,6 @@ pub fn alone_stretch(
         steps,
         alone,
     ))
-}
-
-/// The reference steps a study times just before and just after every run (and its
-/// calibration run): one mid-grid shape per compute kind, one warm-up and three timed runs
-/// each, back to back as the profile times them.
-pub fn reference_grid() -> Grid {
-    Grid {
-        encode: vec![vec![256]],
-        prefill: vec![(256, 256)],
-        decode: vec![(8, 512)],
-        transfer: Vec::new(),
-        fingerprint: Vec::new(),
-        repeats: 3,
-        order: Order::Grouped,
-    }
-}
-
-/// What the reference steps ([`reference_grid`]) took just before and just after a run,
-/// each as its median time over its profiled time, `[encode, prefill, decode]`: how fast
-/// this host ran the model's operators around the run, against when it was profiled. (The
-/// host probe's integer loop does not see a neighbour taking memory bandwidth or cache;
-/// these steps do.)
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct StepProbe {
-    /// Before the run.
-    pub before: [f64; 3],
-    /// After the run.
-    pub after: [f64; 3],
-}
-
-impl StepProbe {
-    /// The mean of before and after, per kind: the host's speed over the run, as far as
-    /// the two probes tell.
-    pub fn around(&self) -> [f64; 3] {
-        [0, 1, 2].map(|k| 0.5 * (self.before[k] + self.after[k]))
-    }
-}
-
-/// Time the reference steps on `exec`, each over its time priced by `hw`.
-pub fn probe_steps(
-    exec: &dyn Executor,
-    hw: &HardwareProfile,
-    spec: &ModelSpec,
-) -> Result<[f64; 3], MeasureError> {
-    use moonagent_models::calibrate::Sample as S;
-    let cost =
-        moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
-    let mut r = [0.0; 3];
-    for s in profile::measure(&reference_grid(), exec, |_| {})? {
-        let (k, measured, priced) = match s {
-            S::Encoder {
-                visual_tokens,
-                measured_ns,
-            } => (0, measured_ns, cost.encoder_time_ns(&visual_tokens)),
-            S::Prefill {
-                new_tokens,
-                cached_tokens,
-                measured_ns,
-            } => (
-                1,
-                measured_ns,
-                cost.prefill_batch_time_ns(&[(new_tokens, cached_tokens)]),
-            ),
-            S::Decode {
-                batch,
-                context_tokens,
-                measured_ns,
-            } => (
-                2,
-                measured_ns,
-                cost.decode_iter_time_ns(batch, context_tokens),
-            ),
-            _ => continue,
-        };
-        r[k] = measured as f64 / priced.max(1) as f64;
-    }
-    Ok(r)
-}
-
-/// The calibrated profile's factors carried to a run: each kind's calibration factor times
-/// how much faster or slower the reference steps ran around this run than around the
-/// calibration run ([`StepProbe::around`]).
-pub fn tracked_scale(cal: &Calibration, run: &StepProbe) -> StepScale {
-    let (c, r) = (cal.step_probe.around(), run.around());
-    let k = cal.step_scale.as_array();
-    let f = [0, 1, 2].map(|i| {
-        if c[i] > 0.0 && r[i] > 0.0 {
-            k[i] * r[i] / c[i]
-        } else {
-            k[i]
-        }
-    });
-    StepScale {
-        encode: f[0],
-        prefill: f[1],
-        decode: f[2],
-    }
 }
 
 impl Default for StudyConfig {
@@ -510,12 +411,6 @@ pub struct StudyRun {
     /// Simulated with the calibrated profile (the operator profile with the calibration
     /// run's `step_scale`) against measured; `None` when the study had no calibration run.
     pub calibrated: Option<Comparison>,
-    /// Simulated with the calibrated factors carried to this run by the reference steps
-    /// ([`tracked_scale`], `runs/<label>/profile-tracked.toml`) against measured; `None`
-    /// without a calibration run.
-    pub tracked: Option<Comparison>,
-    /// The reference steps just before and just after the run.
-    pub step_probe: StepProbe,
 }
 
 /// The result of `validate all`.
@@ -711,38 +606,9 @@ pub fn run_study(
                 ));
                 let label = format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k);
                 let mut store = stores(&mcfg, &label)?;
-                let (m, s, probe) = probed_run(
-                    &mcfg,
-                    &trace,
-                    bs,
-                    &mut *store,
-                    Arc::clone(&exec),
-                    cfg,
-                    &fitted.hardware,
-                    &spec,
-                )?;
+                let (m, s) = study_run(&mcfg, &trace, bs, &mut *store, Arc::clone(&exec), cfg)?;
                 let dir = out.join("runs").join(&label);
                 write_run(&dir, &m, &s)?;
-                // The calibrated factors carried to this run by the reference steps.
-                let tracked = match &calibration {
-                    Some(cal) => {
-                        let mut h = fitted.hardware.clone();
-                        h.step_scale = Some(tracked_scale(cal, &probe));
-                        let p = dir.join("profile-tracked.toml");
-                        let text = h
-                            .to_toml_string()
-                            .map_err(|e| MeasureError::writing(&p, e))?;
-                        std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))?;
-                        Some(compare(
-                            &mcfg,
-                            &trace,
-                            bs,
-                            &m.inputs,
-                            &p.display().to_string(),
-                        )?)
-                    }
-                    None => None,
-                };
                 let stretch = step_stretch(&m.timed, &fitted.hardware, &spec)?;
                 let mut c = compare(&mcfg, &trace, bs, &m.inputs, &hw_arg)?;
                 let calibrated = match &cal_arg {
@@ -762,8 +628,6 @@ pub fn run_study(
                     run: s,
                     comparison: c,
                     calibrated,
-                    tracked,
-                    step_probe: probe,
                 });
                 // The report so far, so a study stopped part-way still says what it
                 // measured.
@@ -833,7 +697,7 @@ fn calibration_run(
     let rate = (plan.load * sat.throughput_rps).max(1e-3);
     let (trace, bs) = generate(plan.requests, rate, seed)?;
     let mut store = stores(&mcfg, "calibration")?;
-    let (m, s, step_probe) = probed_run(&mcfg, &trace, bs, &mut *store, exec, cfg, hw, spec)?;
+    let (m, s) = study_run(&mcfg, &trace, bs, &mut *store, exec, cfg)?;
     write_run(&out.join("calibration"), &m, &s)?;
     let (step_scale, steps, alone) = alone_stretch(&m.timed, hw, spec)?;
     Ok(Calibration {
@@ -846,39 +710,32 @@ fn calibration_run(
         steps,
         alone,
         step_scale,
-        step_probe,
     })
 }
 
-/// One measured run of a study ([`run_trace`] with the host probe), with the reference
-/// steps ([`probe_steps`], priced by `hw`) timed just before and just after it.
-#[allow(clippy::too_many_arguments)]
-fn probed_run(
+/// One measured run of a study: [`run_trace`] with the study's host scheduling and the
+/// host probe around it.
+fn study_run(
     mcfg: &SimConfig,
     trace: &[Request],
     bs: u32,
     store: &mut dyn Store,
     exec: Arc<dyn Executor>,
     cfg: &StudyConfig,
-    hw: &HardwareProfile,
-    spec: &ModelSpec,
-) -> Result<(crate::backend::Measured, RunSummary, StepProbe), MeasureError> {
-    let before = probe_steps(exec.as_ref(), hw, spec)?;
-    let (m, s) = run_trace(
+) -> Result<(crate::backend::Measured, RunSummary), MeasureError> {
+    run_trace(
         mcfg,
         trace,
         bs,
         store,
-        Arc::clone(&exec),
+        exec,
         1.0,
         RunOptions {
             host_sched: cfg.host_sched,
             probe_host: Some(HOST_PROBE),
             ..RunOptions::default()
         },
-    )?;
-    let after = probe_steps(exec.as_ref(), hw, spec)?;
-    Ok((m, s, StepProbe { before, after }))
+    )
 }
 
 /// `report.md` and `study.json` of `st` in `out`.
@@ -1125,12 +982,12 @@ pub fn report(st: &Study) -> String {
             _ => String::new(),
         }
     ));
-    s.push_str("Host before / after: what the host's cores delivered just before and just after the run, all cores at once as a share of the cores times one thread alone (1.00: every core at full speed); a run whose host changed under it measures the host as much as the backend. Reference steps E/P/D: one encode, prefill and decode shape timed just before and just after the run (three runs each after a warm-up), as their profiled time's multiple, the mean of before and after: the host's speed at the model's own operators around the run, which the integer loop of the host probe does not see.\n\n");
-    s.push_str("| mode | load | rate req/s | run | wall s | same decisions | host before / after | reference steps E/P/D | step stretch E/P/D | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("Host before / after: what the host's cores delivered just before and just after the run, all cores at once as a share of the cores times one thread alone (1.00: every core at full speed); a run whose host changed under it measures the host as much as the backend.\n\n");
+    s.push_str("| mode | load | rate req/s | run | wall s | same decisions | host before / after | step stretch E/P/D | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &st.runs {
         let c = &r.comparison;
         s.push_str(&format!(
-            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {} | {} | {} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
+            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {} | {} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
             r.mode,
             100.0 * r.load,
             r.rate,
@@ -1146,7 +1003,6 @@ pub fn report(st: &Study) -> String {
                 ),
                 _ => "-".into(),
             },
-            stretch_text(r.step_probe.around()),
             stretch_text(r.step_stretch),
             c.ttft.median_abs_pct,
             c.ttft.bias_pct,
@@ -1159,7 +1015,7 @@ pub fn report(st: &Study) -> String {
             100.0 * c.kv_block_hit_rate.1,
         ));
     }
-    s.push_str(&format!("\n## Per mode and load, median over repeats\n\nRepeat to repeat: the measured runs against each other, request by request (median over pairs of repeats of the TTFT / E2E median abs difference): the machine's own repeatability. A deterministic prediction cannot come much closer to one run than that (were each run its requests' expected times plus independent noise, an exact prediction of the expected times would be off by about 0.7 times the repeat-to-repeat figure). Step error {:.0}%: the simulator against itself with every compute step {:.0}% slower, on the first repeat's arrivals: what a profile that far off does with no other error.{}\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | TTFT / E2E repeat to repeat % | TTFT / E2E from step error % | TTFT / E2E with calibration % | TTFT / E2E calibration tracked % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", 100.0 * (STEP_ERROR - 1.0), 100.0 * (STEP_ERROR - 1.0), if st.calibration.is_some() { " With calibration: the same runs simulated with the calibration run's `step_scale` (`profile/profile-calibrated.toml`). Calibration tracked: with those factors each multiplied by how much slower or faster the reference steps ran around the run than around the calibration run (`runs/<label>/profile-tracked.toml`)." } else { "" }));
+    s.push_str(&format!("\n## Per mode and load, median over repeats\n\nRepeat to repeat: the measured runs against each other, request by request (median over pairs of repeats of the TTFT / E2E median abs difference): the machine's own repeatability. A deterministic prediction cannot come much closer to one run than that (were each run its requests' expected times plus independent noise, an exact prediction of the expected times would be off by about 0.7 times the repeat-to-repeat figure). Step error {:.0}%: the simulator against itself with every compute step {:.0}% slower, on the first repeat's arrivals: what a profile that far off does with no other error.{}\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | TTFT / E2E repeat to repeat % | TTFT / E2E from step error % | TTFT / E2E with calibration % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", 100.0 * (STEP_ERROR - 1.0), 100.0 * (STEP_ERROR - 1.0), if st.calibration.is_some() { " With calibration: the same runs simulated with the calibration run's `step_scale` (`profile/profile-calibrated.toml`)." } else { "" }));
     let mut keys: Vec<(String, u64)> = st
         .runs
         .iter()
@@ -1189,9 +1045,8 @@ pub fn report(st: &Study) -> String {
             median(v)
         };
         let cal = |f: &dyn Fn(&Comparison) -> f64| other(&|r| r.calibrated.as_ref(), f);
-        let tracked = |f: &dyn Fn(&Comparison) -> f64| other(&|r| r.tracked.as_ref(), f);
         s.push_str(&format!(
-            "| {mode} | {:.0}% | {} | {:.1} | {:.1} | {} / {} | {} / {} | {} / {} | {} / {} | {:+.1} | {:+.1} | {:+.1} | {} |\n",
+            "| {mode} | {:.0}% | {} | {:.1} | {:.1} | {} / {} | {} / {} | {} / {} | {:+.1} | {:+.1} | {:+.1} | {} |\n",
             load as f64 / 10.0,
             rs.len(),
             med(&|r| r.comparison.ttft.median_abs_pct),
@@ -1202,8 +1057,6 @@ pub fn report(st: &Study) -> String {
             pct(floor.map(|f| f.step_error_e2e_pct)),
             pct(cal(&|c| c.ttft.median_abs_pct)),
             pct(cal(&|c| c.e2e.median_abs_pct)),
-            pct(tracked(&|c| c.ttft.median_abs_pct)),
-            pct(tracked(&|c| c.e2e.median_abs_pct)),
             med(&|r| rel(r.comparison.throughput_rps)),
             med(&|r| 100.0 * (r.comparison.image_hit_rate.1 - r.comparison.image_hit_rate.0)),
             med(&|r| 100.0 * (r.comparison.kv_block_hit_rate.1 - r.comparison.kv_block_hit_rate.0)),
@@ -1330,41 +1183,6 @@ mod tests {
         ));
         let (k, _, _) = alone_stretch(&timed, &hw, &spec).unwrap();
         assert!((k.prefill - 3.0).abs() < 1e-3, "{k:?}");
-    }
-
-    /// The tracked factor is the calibration factor times the run's reference-step speed
-    /// over the calibration run's (each the mean of before and after); a kind whose probe
-    /// is missing keeps the calibration factor.
-    #[test]
-    fn tracked_scale_carries_the_calibration_by_the_reference_steps() {
-        let run = |before: [f64; 3], after: [f64; 3]| StepProbe { before, after };
-        let cal = Calibration {
-            mode: "B3".into(),
-            load: 0.2,
-            rate: 1.0,
-            seed: 18,
-            requests: 10,
-            run: serde_json::from_value(serde_json::json!({
-                "summary": serde_json::to_value(moonagent_sim::des::Summary::default()).unwrap(),
-                "wall_s": 1.0, "engine_s": 0.1, "actions": 1, "same_decisions": true
-            }))
-            .unwrap(),
-            steps: [1, 1, 1],
-            alone: [1, 1, 1],
-            step_scale: StepScale {
-                encode: 1.2,
-                prefill: 1.0,
-                decode: 0.8,
-            },
-            step_probe: run([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]),
-        };
-        let k = tracked_scale(&cal, &run([1.1, 2.0, 0.8], [1.3, 2.4, 1.0]));
-        let want = [1.2 * 1.2, 1.0 * 2.2 / 2.0, 0.8 * 0.9];
-        for (got, want) in k.as_array().into_iter().zip(want) {
-            assert!((got - want).abs() < 1e-12, "{k:?} against {want:?}");
-        }
-        let k = tracked_scale(&cal, &run([0.0, 2.0, 1.0], [0.0, 2.0, 1.0]));
-        assert_eq!(k.as_array(), [1.2, 1.0, 0.8]);
     }
 
     #[test]

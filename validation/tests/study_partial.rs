@@ -71,28 +71,6 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
     assert_eq!(json["calibration"]["requests"], 6);
     assert_eq!(json["calibration"]["seed"], 18);
     assert!(json["runs"][0]["calibrated"]["ttft"].is_object());
-    assert!(json["runs"][0]["tracked"]["ttft"].is_object());
-    assert!(report.contains("calibration tracked"), "{report}");
-    // The reference steps ran around the calibration run and the measured run.
-    for probe in [
-        &json["calibration"]["step_probe"],
-        &json["runs"][0]["step_probe"],
-    ] {
-        for side in ["before", "after"] {
-            let v = probe[side].as_array().unwrap();
-            assert!(
-                v.len() == 3 && v.iter().all(|x| x.as_f64().unwrap() > 0.0),
-                "{probe}"
-            );
-        }
-    }
-    let tracked = moonagent_models::HardwareProfile::from_path(
-        out.join("runs")
-            .join("B3-50-0")
-            .join("profile-tracked.toml"),
-    )
-    .unwrap();
-    assert!(tracked.step_scale.is_some());
     assert!(out.join("calibration").join("timed.jsonl").exists());
     let cal = moonagent_models::HardwareProfile::from_path(
         out.join("profile").join("profile-calibrated.toml"),
