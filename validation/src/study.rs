@@ -163,8 +163,8 @@ pub struct StudyConfig {
     /// The model the backend runs (the executor's) and the simulator prices
     /// ([`model_config`]).
     pub model: String,
-    /// The calibration run before the study's runs ([`CalibrationPlan`]); `None`: the
-    /// simulator prices steps with the operator profile alone.
+    /// The calibration run before the study's runs ([`CalibrationPlan`]); `None`: the runs
+    /// are compared with the operator profile alone.
     pub calibration: Option<CalibrationPlan>,
 }
 
@@ -428,8 +428,8 @@ pub struct Study {
     pub model: String,
     /// The profile fit.
     pub profile: Profile,
-    /// The calibration run, when the study had one: its `step_scale` is in the profile
-    /// every run is compared with (`profile/profile-calibrated.toml`).
+    /// The calibration run, when the study had one: every run is also compared with the
+    /// operator profile plus its `step_scale` (`profile/profile-calibrated.toml`).
     pub calibration: Option<Calibration>,
     /// Simulated saturated throughput per mode, requests per second.
     pub capacity_rps: Vec<(String, f64)>,
@@ -517,10 +517,10 @@ pub fn run_study(
     fitted.order = Some(grid.order);
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
     let ops_arg = profile_path.display().to_string();
-    // The calibration run, on a trace of its own: the profile every run is compared with
-    // gets its `step_scale`.
-    let (cal_hw, calibration) = match cfg.calibration {
-        None => (fitted.hardware.clone(), None),
+    // The calibration run, on a trace of its own: every run is also compared with the
+    // operator profile plus its `step_scale`.
+    let calibration = match cfg.calibration {
+        None => None,
         Some(plan) => {
             say(&format!(
                 "calibration run ({} at {:.0}% of capacity, {} requests)",
@@ -528,7 +528,7 @@ pub fn run_study(
                 100.0 * plan.load,
                 plan.requests
             ));
-            let c = calibration_run(
+            Some(calibration_run(
                 &plan,
                 cfg,
                 &spec,
@@ -537,16 +537,15 @@ pub fn run_study(
                 Arc::clone(&exec),
                 stores,
                 out,
-            )?;
-            let mut hw = fitted.hardware.clone();
-            hw.step_scale = Some(c.step_scale);
-            (hw, Some(c))
+            )?)
         }
     };
-    let cal_arg = match calibration {
-        Some(_) => {
+    let cal_arg = match &calibration {
+        Some(c) => {
+            let mut hw = fitted.hardware.clone();
+            hw.step_scale = Some(c.step_scale);
             let p = out.join("profile").join("profile-calibrated.toml");
-            let text = cal_hw
+            let text = hw
                 .to_toml_string()
                 .map_err(|e| MeasureError::writing(&p, e))?;
             std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))?;
@@ -1039,12 +1038,14 @@ pub fn report(st: &Study) -> String {
             .iter()
             .find(|f| f.mode == mode && (f.load * 1000.0) as u64 == load);
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
-        let other = |which: &dyn Fn(&StudyRun) -> Option<&Comparison>,
-                     f: &dyn Fn(&Comparison) -> f64| {
-            let v: Vec<f64> = rs.iter().filter_map(|r| which(r).map(f)).collect();
-            median(v)
+        // Over the runs compared with the calibrated profile too.
+        let cal = |f: &dyn Fn(&Comparison) -> f64| {
+            median(
+                rs.iter()
+                    .filter_map(|r| r.calibrated.as_ref().map(f))
+                    .collect(),
+            )
         };
-        let cal = |f: &dyn Fn(&Comparison) -> f64| other(&|r| r.calibrated.as_ref(), f);
         s.push_str(&format!(
             "| {mode} | {:.0}% | {} | {:.1} | {:.1} | {} / {} | {} / {} | {} / {} | {:+.1} | {:+.1} | {:+.1} | {} |\n",
             load as f64 / 10.0,
