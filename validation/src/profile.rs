@@ -411,11 +411,7 @@ fn median_run(v: Vec<u64>) -> u64 {
 
 /// The progress name of a compute step's operator.
 fn step_name(step: &Step) -> &'static str {
-    match step {
-        Step::Encode { .. } => "encode",
-        Step::Prefill(_) => "prefill",
-        Step::Decode { .. } => "decode",
-    }
+    KIND_NAMES[kind_of(step)]
 }
 
 fn median_sorted(v: &[f64]) -> f64 {

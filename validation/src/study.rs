@@ -235,21 +235,16 @@ pub fn alone_stretch(
     hw: &HardwareProfile,
     spec: &ModelSpec,
 ) -> Result<(StepScale, [usize; 3], [usize; 3]), MeasureError> {
-    use crate::backend::Work;
-    let cost =
-        moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
+    let mut busy = vec![f64::INFINITY; timed.len()];
+    for (i, b) in step_concurrency(timed) {
+        busy[i] = b;
+    }
     let mut r: [Vec<f64>; 3] = Default::default();
     let mut steps = [0usize; 3];
-    for (i, busy) in step_concurrency(timed) {
-        let Work::Step(step) = &timed[i].what else {
-            continue;
-        };
-        let Some((k, p)) = alone_ns(&cost, step) else {
-            continue;
-        };
+    for (i, k, ratio) in step_ratios(timed, hw, spec)? {
         steps[k] += 1;
-        if busy <= ALONE_BUSY && p > 0 {
-            r[k].push(timed[i].measured_ns as f64 / p as f64);
+        if busy[i] <= ALONE_BUSY {
+            r[k].extend(ratio);
         }
     }
     let alone = [r[0].len(), r[1].len(), r[2].len()];
@@ -305,23 +300,34 @@ pub fn step_stretch(
     hw: &HardwareProfile,
     spec: &ModelSpec,
 ) -> Result<[f64; 3], MeasureError> {
+    let mut r: [Vec<f64>; 3] = Default::default();
+    for (_, k, ratio) in step_ratios(timed, hw, spec)? {
+        r[k].extend(ratio);
+    }
+    Ok(r.map(|v| median(v).unwrap_or(0.0)))
+}
+
+/// Every compute step of `timed` that `hw` prices alone ([`alone_ns`]): its index in
+/// `timed`, its kind, and its measured / priced time (`None` when priced at 0).
+fn step_ratios(
+    timed: &[crate::backend::Timed],
+    hw: &HardwareProfile,
+    spec: &ModelSpec,
+) -> Result<Vec<(usize, usize, Option<f64>)>, MeasureError> {
     use crate::backend::Work;
     let cost =
         moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
-    let mut r: [Vec<f64>; 3] = Default::default();
-    for t in timed {
-        let Work::Step(step) = &t.what else { continue };
-        let Some((k, p)) = alone_ns(&cost, step) else {
-            continue;
-        };
-        if p > 0 {
-            r[k].push(t.measured_ns as f64 / p as f64);
-        }
-    }
-    Ok(r.map(|mut v| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    }))
+    Ok(timed
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let Work::Step(step) = &t.what else {
+                return None;
+            };
+            let (k, p) = alone_ns(&cost, step)?;
+            Some((i, k, (p > 0).then(|| t.measured_ns as f64 / p as f64)))
+        })
+        .collect())
 }
 
 /// For each compute step of `timed`, in order, its index in `timed` and the mean number
@@ -516,7 +522,7 @@ pub fn run_study(
     )?;
     fitted.order = Some(grid.order);
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
-    let ops_arg = profile_path.display().to_string();
+    let hw_arg = profile_path.display().to_string();
     // The calibration run, on a trace of its own: every run is also compared with the
     // operator profile plus its `step_scale`.
     let calibration = match cfg.calibration {
@@ -533,7 +539,7 @@ pub fn run_study(
                 cfg,
                 &spec,
                 &fitted.hardware,
-                &ops_arg,
+                &hw_arg,
                 Arc::clone(&exec),
                 stores,
                 out,
@@ -553,7 +559,6 @@ pub fn run_study(
         }
         None => None,
     };
-    let hw_arg = ops_arg;
     let slow = fitted.hardware.with_steps_scaled(STEP_ERROR);
     let slow_path = out
         .join("profile")
