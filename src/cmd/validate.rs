@@ -327,11 +327,11 @@ struct AllArgs {
     /// In what order the profile times the compute operators (see `validate profile --help`).
     #[arg(long, value_enum, default_value = "grouped")]
     order: OrderArg,
-    /// Requests of the calibration run before the study's runs (B3 at 20% load on a trace
-    /// of its own): its steps that ran alone give `profile-calibrated.toml`'s
-    /// `step_scale`, each kind's time in a serving run over its profiled time, and every run
-    /// is also compared with it. The headline errors stay the operator profile's. 0: no
-    /// calibration run. `--quick`: 20.
+    /// Requests of the calibration run that opens each round of runs (B3 at 20% load on a
+    /// trace of its own): its steps that ran alone give `profile-calibrated-<round>.toml`'s
+    /// `step_scale`, each kind's time in a serving run over its profiled time, and every
+    /// run of the round is also compared with it. The headline errors stay the operator
+    /// profile's. 0: no calibration runs. `--quick`: 20.
     #[arg(long)]
     calibration_requests: Option<u64>,
     #[command(flatten)]

@@ -206,6 +206,8 @@ pub const MIN_ALONE_STEPS: usize = 5;
 /// The calibration run's result ([`CalibrationPlan`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct Calibration {
+    /// The round it opened (its factors price that round's runs).
+    pub round: u32,
     /// Mode.
     pub mode: String,
     /// Load as a fraction of the operator profile's capacity.
@@ -406,7 +408,8 @@ pub struct StudyRun {
     pub load: f64,
     /// Offered rate, requests per second.
     pub rate: f64,
-    /// Repeat index.
+    /// Repeat index: the round the run was measured in (after that round's calibration
+    /// run).
     pub repeat: u32,
     /// Median measured / profiled compute step time per kind ([`step_stretch`]).
     pub step_stretch: [f64; 3],
@@ -414,8 +417,9 @@ pub struct StudyRun {
     pub run: RunSummary,
     /// Simulated against measured.
     pub comparison: Comparison,
-    /// Simulated with the calibrated profile (the operator profile with the calibration
-    /// run's `step_scale`) against measured; `None` when the study had no calibration run.
+    /// Simulated with the calibrated profile (the operator profile with its round's
+    /// calibration run's `step_scale`) against measured; `None` when the study had no
+    /// calibration runs.
     pub calibrated: Option<Comparison>,
 }
 
@@ -434,9 +438,10 @@ pub struct Study {
     pub model: String,
     /// The profile fit.
     pub profile: Profile,
-    /// The calibration run, when the study had one: every run is also compared with the
-    /// operator profile plus its `step_scale` (`profile/profile-calibrated.toml`).
-    pub calibration: Option<Calibration>,
+    /// The calibration runs, one opening each round, when the study has them: every run
+    /// is also compared with the operator profile plus its round's `step_scale`
+    /// (`profile/profile-calibrated-<round>.toml`).
+    pub calibrations: Vec<Calibration>,
     /// Simulated saturated throughput per mode, requests per second.
     pub capacity_rps: Vec<(String, f64)>,
     /// Every run.
@@ -483,9 +488,10 @@ pub fn embedded_stores(cfg: &SimConfig, _label: &str) -> Result<Box<dyn Store>, 
     Ok(Box::new(mem_store(cfg)?))
 }
 
-/// Run the study, writing every file under `out` (`profile/`, `runs/<mode>-<load>-<k>/`,
-/// `compare.*`, `report.md`); each run's store comes from `stores`. `say` is told what is
-/// happening.
+/// Run the study, writing every file under `out` (`profile/`, `calibration-<k>/`,
+/// `runs/<mode>-<load>-<k>/`, `compare.*`, `report.md`); each run's store comes from
+/// `stores`. The runs go by rounds: round `k` is calibration run `k`, then run `k` of every
+/// mode and load. `say` is told what is happening.
 pub fn run_study(
     cfg: &StudyConfig,
     exec: Arc<dyn Executor>,
@@ -523,42 +529,6 @@ pub fn run_study(
     fitted.order = Some(grid.order);
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
     let hw_arg = profile_path.display().to_string();
-    // The calibration run, on a trace of its own: every run is also compared with the
-    // operator profile plus its `step_scale`.
-    let calibration = match cfg.calibration {
-        None => None,
-        Some(plan) => {
-            say(&format!(
-                "calibration run ({} at {:.0}% of capacity, {} requests)",
-                plan.mode.name(),
-                100.0 * plan.load,
-                plan.requests
-            ));
-            Some(calibration_run(
-                &plan,
-                cfg,
-                &spec,
-                &fitted.hardware,
-                &hw_arg,
-                Arc::clone(&exec),
-                stores,
-                out,
-            )?)
-        }
-    };
-    let cal_arg = match &calibration {
-        Some(c) => {
-            let mut hw = fitted.hardware.clone();
-            hw.step_scale = Some(c.step_scale);
-            let p = out.join("profile").join("profile-calibrated.toml");
-            let text = hw
-                .to_toml_string()
-                .map_err(|e| MeasureError::writing(&p, e))?;
-            std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))?;
-            Some(p.display().to_string())
-        }
-        None => None,
-    };
     let slow = fitted.hardware.with_steps_scaled(STEP_ERROR);
     let slow_path = out
         .join("profile")
@@ -568,121 +538,161 @@ pub fn run_study(
         .map_err(|e| MeasureError::writing(&slow_path, e))?;
     std::fs::write(&slow_path, text).map_err(|e| MeasureError::writing(&slow_path, e))?;
     let slow_arg = slow_path.display().to_string();
-    let mut capacity = Vec::new();
-    let mut runs = Vec::new();
-    let mut floors = Vec::new();
     let base_cfg = cpu_config(Mode::B3);
     // What every report of this study says besides its runs.
-    let shell = Study {
+    let mut study = Study {
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         workers: base_cfg.encoders + base_cfg.prefills + base_cfg.decodes,
         host_sched: cfg.host_sched,
         compute: cfg.compute.clone(),
         model: spec.name.clone(),
         profile: fitted.clone(),
-        calibration: calibration.clone(),
+        calibrations: Vec::new(),
         capacity_rps: Vec::new(),
         runs: Vec::new(),
         floors: Vec::new(),
         runs_planned: cfg.modes.len() * cfg.loads.len() * cfg.repeats as usize,
     };
-    // Every request arriving at once: the simulated capacity of each mode.
+    // Every request arriving at once: the simulated capacity of each mode; then each
+    // (mode, load) group's configuration and trace, the same in every round.
     let (sat_trace, sat_bs) = generate(cfg.requests, 1e9, cfg.seed)?;
+    let mut groups = Vec::new();
     for &mode in &cfg.modes {
         let mcfg = SimConfig {
             hardware: hw_arg.clone(),
             ..model_config(mode, &cfg.model, &fitted.hardware)?
         };
         let (sat, _) = simulate(&mcfg, &sat_trace, sat_bs)?;
-        capacity.push((mode.name().to_string(), sat.throughput_rps));
+        study
+            .capacity_rps
+            .push((mode.name().to_string(), sat.throughput_rps));
         for &load in &cfg.loads {
             let rate = (load * sat.throughput_rps).max(1e-3);
             let (trace, bs) = generate(cfg.requests, rate, cfg.seed)?;
-            let first_run = runs.len();
-            let mut first_inputs = Vec::new();
-            for k in 0..cfg.repeats {
-                say(&format!(
-                    "{} at {:.0}% of capacity ({rate:.2} req/s), run {}/{}",
-                    mode.name(),
-                    100.0 * load,
-                    k + 1,
-                    cfg.repeats
-                ));
-                let label = format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k);
-                let mut store = stores(&mcfg, &label)?;
-                let (m, s) = study_run(&mcfg, &trace, bs, &mut *store, Arc::clone(&exec), cfg)?;
-                let dir = out.join("runs").join(&label);
-                write_run(&dir, &m, &s)?;
-                let stretch = step_stretch(&m.timed, &fitted.hardware, &spec)?;
-                let mut c = compare(&mcfg, &trace, bs, &m.inputs, &hw_arg)?;
-                let calibrated = match &cal_arg {
-                    Some(p) => Some(compare(&mcfg, &trace, bs, &m.inputs, p)?),
-                    None => None,
-                };
-                if k == 0 {
-                    first_inputs = m.inputs.clone();
-                }
-                c.label = format!("{} {:.0}% #{}", mode.name(), 100.0 * load, k + 1);
-                runs.push(StudyRun {
-                    mode: mode.name().into(),
-                    load,
-                    rate,
-                    repeat: k,
-                    step_stretch: stretch,
-                    run: s,
-                    comparison: c,
-                    calibrated,
-                });
-                // The report so far, so a study stopped part-way still says what it
-                // measured.
-                write_report(
-                    out,
-                    &Study {
-                        capacity_rps: capacity.clone(),
-                        runs: runs.clone(),
-                        floors: floors.clone(),
-                        ..shell.clone()
-                    },
-                )?;
-            }
-            let group = &runs[first_run..];
-            let mut repeat = (Vec::new(), Vec::new());
-            for (i, a) in group.iter().enumerate() {
-                for b in &group[i + 1..] {
-                    let (t, e) = repeat_difference(&a.comparison, &b.comparison);
-                    repeat.0.push(t.median_abs_pct);
-                    repeat.1.push(e.median_abs_pct);
-                }
-            }
-            let (t, e) = sim_vs_sim(&mcfg, &trace, bs, &first_inputs, &hw_arg, &slow_arg)?;
-            floors.push(Floor {
-                mode: mode.name().into(),
-                load,
-                repeat_ttft_pct: median(repeat.0),
-                repeat_e2e_pct: median(repeat.1),
-                step_error_ttft_pct: t.median_abs_pct,
-                step_error_e2e_pct: e.median_abs_pct,
-            });
+            groups.push((mode, load, rate, mcfg.clone(), trace, bs));
         }
     }
-    let study = Study {
-        capacity_rps: capacity,
-        runs,
-        floors,
-        ..shell
-    };
+    // By rounds: round k is the calibration run k (when the study has one), then run k of
+    // every (mode, load), so each calibration is minutes from the runs it is judged with
+    // and every group's repeats are spread over the study alike.
+    let mut first_inputs = vec![Vec::new(); groups.len()];
+    for k in 0..cfg.repeats {
+        let cal_arg = match cfg.calibration {
+            None => None,
+            Some(plan) => {
+                say(&format!(
+                    "round {}/{}: calibration run ({} at {:.0}% of capacity, {} requests)",
+                    k + 1,
+                    cfg.repeats,
+                    plan.mode.name(),
+                    100.0 * plan.load,
+                    plan.requests
+                ));
+                let c = calibration_run(
+                    &plan,
+                    k,
+                    cfg,
+                    &spec,
+                    &fitted.hardware,
+                    &hw_arg,
+                    Arc::clone(&exec),
+                    stores,
+                    out,
+                )?;
+                let mut hw = fitted.hardware.clone();
+                hw.step_scale = Some(c.step_scale);
+                let p = out.join("profile").join(calibrated_profile_name(k));
+                let text = hw
+                    .to_toml_string()
+                    .map_err(|e| MeasureError::writing(&p, e))?;
+                std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))?;
+                study.calibrations.push(c);
+                write_report(out, &study)?;
+                Some(p.display().to_string())
+            }
+        };
+        for (g, (mode, load, rate, mcfg, trace, bs)) in groups.iter().enumerate() {
+            let (mode, load, rate, bs) = (*mode, *load, *rate, *bs);
+            say(&format!(
+                "round {}/{}: {} at {:.0}% of capacity ({rate:.2} req/s)",
+                k + 1,
+                cfg.repeats,
+                mode.name(),
+                100.0 * load,
+            ));
+            let label = format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k);
+            let mut store = stores(mcfg, &label)?;
+            let (m, s) = study_run(mcfg, trace, bs, &mut *store, Arc::clone(&exec), cfg)?;
+            let dir = out.join("runs").join(&label);
+            write_run(&dir, &m, &s)?;
+            let stretch = step_stretch(&m.timed, &fitted.hardware, &spec)?;
+            let mut c = compare(mcfg, trace, bs, &m.inputs, &hw_arg)?;
+            let calibrated = match &cal_arg {
+                Some(p) => Some(compare(mcfg, trace, bs, &m.inputs, p)?),
+                None => None,
+            };
+            if k == 0 {
+                first_inputs[g] = m.inputs;
+            }
+            c.label = format!("{} {:.0}% #{}", mode.name(), 100.0 * load, k + 1);
+            study.runs.push(StudyRun {
+                mode: mode.name().into(),
+                load,
+                rate,
+                repeat: k,
+                step_stretch: stretch,
+                run: s,
+                comparison: c,
+                calibrated,
+            });
+            // The report so far, so a study stopped part-way still says what it measured.
+            write_report(out, &study)?;
+        }
+    }
+    for (g, (mode, load, _, mcfg, trace, bs)) in groups.iter().enumerate() {
+        let group: Vec<&StudyRun> = study
+            .runs
+            .iter()
+            .filter(|r| r.mode == mode.name() && r.load == *load)
+            .collect();
+        let mut repeat = (Vec::new(), Vec::new());
+        for (i, a) in group.iter().enumerate() {
+            for b in &group[i + 1..] {
+                let (t, e) = repeat_difference(&a.comparison, &b.comparison);
+                repeat.0.push(t.median_abs_pct);
+                repeat.1.push(e.median_abs_pct);
+            }
+        }
+        let (t, e) = sim_vs_sim(mcfg, trace, *bs, &first_inputs[g], &hw_arg, &slow_arg)?;
+        study.floors.push(Floor {
+            mode: mode.name().into(),
+            load: *load,
+            repeat_ttft_pct: median(repeat.0),
+            repeat_e2e_pct: median(repeat.1),
+            step_error_ttft_pct: t.median_abs_pct,
+            step_error_e2e_pct: e.median_abs_pct,
+        });
+    }
     let cs: Vec<Comparison> = study.runs.iter().map(|r| r.comparison.clone()).collect();
     crate::compare::write(out, "simulated vs measured", &cs)?;
     write_report(out, &study)?;
     Ok(study)
 }
 
-/// Run `plan` on the backend (a trace of its own: the study's seed + 1, at `plan.load` of
-/// the capacity `ops` simulates), write it under `out/calibration/`, and measure its
+/// The file name, under the study's `profile/`, of the operator profile with round `k`'s
+/// calibration factors.
+pub fn calibrated_profile_name(k: u32) -> String {
+    format!("profile-calibrated-{k}.toml")
+}
+
+/// Run `plan` on the backend as the opening of `round` (a trace of its own: the study's
+/// seed + 1, the same in every round, at `plan.load` of the capacity `ops` simulates),
+/// write it under `out/calibration-<round>/`, and measure its
 /// [`alone_stretch`] against the operator profile `hw` (written at `ops`).
 #[allow(clippy::too_many_arguments)]
 fn calibration_run(
     plan: &CalibrationPlan,
+    round: u32,
     cfg: &StudyConfig,
     spec: &ModelSpec,
     hw: &HardwareProfile,
@@ -700,11 +710,13 @@ fn calibration_run(
     let (sat, _) = simulate(&mcfg, &sat_trace, sat_bs)?;
     let rate = (plan.load * sat.throughput_rps).max(1e-3);
     let (trace, bs) = generate(plan.requests, rate, seed)?;
-    let mut store = stores(&mcfg, "calibration")?;
+    let label = format!("calibration-{round}");
+    let mut store = stores(&mcfg, &label)?;
     let (m, s) = study_run(&mcfg, &trace, bs, &mut *store, exec, cfg)?;
-    write_run(&out.join("calibration"), &m, &s)?;
+    write_run(&out.join(&label), &m, &s)?;
     let (step_scale, steps, alone) = alone_stretch(&m.timed, hw, spec)?;
     Ok(Calibration {
+        round,
         mode: plan.mode.name().into(),
         load: plan.load,
         rate,
@@ -918,30 +930,37 @@ fn forms_markdown(forms: &[FormFit]) -> String {
     s
 }
 
-/// The report's section on the calibration run (empty without one).
-fn calibration_markdown(c: Option<&Calibration>) -> String {
-    let Some(c) = c else {
+/// The report's section on the calibration runs (empty without them).
+fn calibration_markdown(cs: &[Calibration]) -> String {
+    let Some(c) = cs.first() else {
         return String::new();
     };
-    let k = c.step_scale;
-    format!(
-        "\n## Calibration run\n\n{} at {:.0}% of the operator profile's capacity ({:.2} req/s), {} requests on a trace of its own (seed {}), {:.1} s: its compute steps that ran alone (mean concurrency over the step at most {ALONE_BUSY}) took **{:.3} / {:.3} / {:.3}** times their profiled time (encode / prefill / decode; median over {} / {} / {} steps alone of {} / {} / {}; a kind with fewer than {MIN_ALONE_STEPS} alone keeps 1). These factors are the `step_scale` of `profile/profile-calibrated.toml`; every run below is also simulated with it (the column *with calibration*), while the headline errors stay the operator profile's (`profile/profile.toml`), comparable with studies before the calibration run existed.\n",
+    let mut s = format!(
+        "\n## Calibration runs\n\nEach round opens with a calibration run: {} at {:.0}% of the operator profile's capacity ({:.2} req/s), {} requests on a trace of its own (seed {}, the same in every round). Its compute steps that ran alone (mean concurrency over the step at most {ALONE_BUSY}) give per kind the median measured / profiled time (a kind with fewer than {MIN_ALONE_STEPS} steps alone keeps 1): the `step_scale` of `profile/profile-calibrated-<k>.toml` for round k. Every run of a round is also simulated with its round's factors (the column *with calibration*), while the headline errors stay the operator profile's (`profile/profile.toml`), comparable with studies before the calibration runs existed.\n\n| round | wall s | factor encode / prefill / decode | steps alone E / P / D | steps E / P / D |\n|---|---|---|---|---|\n",
         c.mode,
         100.0 * c.load,
         c.rate,
         c.requests,
         c.seed,
-        c.run.wall_s,
-        k.encode,
-        k.prefill,
-        k.decode,
-        c.alone[0],
-        c.alone[1],
-        c.alone[2],
-        c.steps[0],
-        c.steps[1],
-        c.steps[2],
-    )
+    );
+    for c in cs {
+        let k = c.step_scale;
+        s.push_str(&format!(
+            "| {} | {:.1} | **{:.3} / {:.3} / {:.3}** | {} / {} / {} | {} / {} / {} |\n",
+            c.round,
+            c.run.wall_s,
+            k.encode,
+            k.prefill,
+            k.decode,
+            c.alone[0],
+            c.alone[1],
+            c.alone[2],
+            c.steps[0],
+            c.steps[1],
+            c.steps[2],
+        ));
+    }
+    s
 }
 
 fn stretch_text(s: [f64; 3]) -> String {
@@ -961,7 +980,7 @@ pub fn report(st: &Study) -> String {
     }
     s.push_str("## Operator profile\n\n");
     s.push_str(&profile_markdown(&st.profile));
-    s.push_str(&calibration_markdown(st.calibration.as_ref()));
+    s.push_str(&calibration_markdown(&st.calibrations));
     s.push_str(&format!(
         "\n## Runs\n\nModel `{}`; operators on `{}`; {} compute workers (threads) on {} cores, scheduled by {}{}. Step stretch E/P/D: median measured / profiled time of the run's encode, prefill and decode steps (1.00: as fast as profiled alone).\n\n",
         st.model,
@@ -1019,13 +1038,15 @@ pub fn report(st: &Study) -> String {
             100.0 * c.kv_block_hit_rate.1,
         ));
     }
-    s.push_str(&format!("\n## Per mode and load, median over repeats\n\nRepeat to repeat: the measured runs against each other, request by request (median over pairs of repeats of the TTFT / E2E median abs difference): the machine's own repeatability. A deterministic prediction cannot come much closer to one run than that (were each run its requests' expected times plus independent noise, an exact prediction of the expected times would be off by about 0.7 times the repeat-to-repeat figure). Step error {:.0}%: the simulator against itself with every compute step {:.0}% slower, on the first repeat's arrivals: what a profile that far off does with no other error.{}\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | TTFT / E2E repeat to repeat % | TTFT / E2E from step error % | TTFT / E2E with calibration % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", 100.0 * (STEP_ERROR - 1.0), 100.0 * (STEP_ERROR - 1.0), if st.calibration.is_some() { " With calibration: the same runs simulated with the calibration run's `step_scale` (`profile/profile-calibrated.toml`)." } else { "" }));
-    let mut keys: Vec<(String, u64)> = st
-        .runs
-        .iter()
-        .map(|r| (r.mode.clone(), (r.load * 1000.0) as u64))
-        .collect();
-    keys.dedup();
+    s.push_str(&format!("\n## Per mode and load, median over repeats\n\nRepeat to repeat: the measured runs against each other, request by request (median over pairs of repeats of the TTFT / E2E median abs difference): the machine's own repeatability. A deterministic prediction cannot come much closer to one run than that (were each run its requests' expected times plus independent noise, an exact prediction of the expected times would be off by about 0.7 times the repeat-to-repeat figure). Step error {:.0}%: the simulator against itself with every compute step {:.0}% slower, on the first repeat's arrivals: what a profile that far off does with no other error.{}\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | TTFT / E2E repeat to repeat % | TTFT / E2E from step error % | TTFT / E2E with calibration % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", 100.0 * (STEP_ERROR - 1.0), 100.0 * (STEP_ERROR - 1.0), if st.calibrations.is_empty() { "" } else { " With calibration: the same runs simulated with their round's calibration factors (`profile/profile-calibrated-<round>.toml`)." }));
+    // Each (mode, load) once, in the order of its first run (the rounds interleave them).
+    let mut keys: Vec<(String, u64)> = Vec::new();
+    for r in &st.runs {
+        let k = (r.mode.clone(), (r.load * 1000.0) as u64);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
     for (mode, load) in keys {
         let rs: Vec<&StudyRun> = st
             .runs

@@ -1,6 +1,7 @@
 //! A study that stops part-way (here: the second run's store cannot be opened) still
 //! leaves a report of the runs it measured, marked partial, its profile (which says in
-//! what order its compute operators were timed) and its calibration run.
+//! what order its compute operators were timed) and its calibration runs, one opening
+//! each round.
 
 use std::sync::Arc;
 
@@ -24,7 +25,7 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
         modes: vec![Mode::B3],
         requests: 6,
         repeats: 2,
-        loads: vec![0.5],
+        loads: vec![0.3, 0.6],
         grid: Grid {
             order: Order::Interleaved,
             ..Grid::quick()
@@ -42,54 +43,78 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
     let mut opened = Vec::new();
     let mut stores = |c: &SimConfig, label: &str| -> Result<Box<dyn Store>, MeasureError> {
         opened.push(label.to_string());
-        // The calibration run's store, then the first run's.
-        if opened.len() > 2 {
+        // Round 0 (its calibration run and two runs), round 1's calibration run and first
+        // run.
+        if opened.len() > 5 {
             return Err(MeasureError::Store(format!("{label}: the store went away")));
         }
         study::embedded_stores(c, label)
     };
     let err = study::run_study(&cfg, exec, &mut stores, &out, |_| {}).unwrap_err();
     assert!(err.to_string().contains("the store went away"), "{err}");
-    assert_eq!(opened, ["calibration", "B3-50-0", "B3-50-1"]);
+    assert_eq!(
+        opened,
+        [
+            "calibration-0",
+            "B3-30-0",
+            "B3-60-0",
+            "calibration-1",
+            "B3-30-1",
+            "B3-60-1"
+        ]
+    );
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
-    assert!(report.contains("**Partial: 1 of 2 runs**"), "{report}");
-    assert!(report.contains("| B3 | 50% |"), "{report}");
+    assert!(report.contains("**Partial: 3 of 4 runs**"), "{report}");
+    // The summary has one row per mode and load, over its runs of every round (and the
+    // per-run table one row per run).
+    assert!(report.contains("| B3 | 30% | 2 |"), "{report}");
+    assert!(report.contains("| B3 | 60% | 1 |"), "{report}");
+    assert_eq!(report.matches("| B3 | 30% |").count(), 3, "{report}");
     assert!(
         report.contains("Compute operators timed interleaved"),
         "{report}"
     );
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("study.json")).unwrap()).unwrap();
-    assert_eq!(json["runs"].as_array().unwrap().len(), 1);
-    assert_eq!(json["runs_planned"], 2);
+    assert_eq!(json["runs"].as_array().unwrap().len(), 3);
+    assert_eq!(json["runs_planned"], 4);
     assert_eq!(json["profile"]["order"], "interleaved");
     assert!(out.join("profile").join("profile.toml").exists());
-    // The calibration run: on a trace of its own, written beside the runs, its factors in
-    // the calibrated profile each run is also compared with.
-    assert!(report.contains("## Calibration run"), "{report}");
+    // The calibration runs: on a trace of their own, written beside the runs, each
+    // round's factors in the calibrated profile its runs are also compared with.
+    assert!(report.contains("## Calibration runs"), "{report}");
     assert!(report.contains("with calibration"), "{report}");
-    assert_eq!(json["calibration"]["requests"], 6);
-    assert_eq!(json["calibration"]["seed"], 18);
+    let cals = json["calibrations"].as_array().unwrap();
+    assert_eq!(cals.len(), 2, "round 1's calibration ran before its runs");
     assert!(json["runs"][0]["calibrated"]["ttft"].is_object());
-    assert!(out.join("calibration").join("timed.jsonl").exists());
-    let cal = moonagent_models::HardwareProfile::from_path(
-        out.join("profile").join("profile-calibrated.toml"),
-    )
-    .unwrap();
-    let k = cal
-        .step_scale
-        .expect("a calibrated profile has a step_scale");
-    // To the last bits only: serde_json's default float parser (no `float_roundtrip`) can
-    // read a printed f64 one ulp off.
-    for (name, v) in ["encode", "prefill", "decode"]
-        .into_iter()
-        .zip(k.as_array())
-    {
-        let j = json["calibration"]["step_scale"][name].as_f64().unwrap();
-        assert!(
-            (j - v).abs() <= 1e-12 * v.abs(),
-            "{name}: {j} in study.json, {v} in the profile"
-        );
+    for (k, c) in cals.iter().enumerate() {
+        assert_eq!(c["round"], k);
+        assert_eq!(c["requests"], 6);
+        assert_eq!(c["seed"], 18);
+        assert!(out
+            .join(format!("calibration-{k}"))
+            .join("timed.jsonl")
+            .exists());
+        let cal = moonagent_models::HardwareProfile::from_path(
+            out.join("profile")
+                .join(study::calibrated_profile_name(k as u32)),
+        )
+        .unwrap();
+        let f = cal
+            .step_scale
+            .expect("a calibrated profile has a step_scale");
+        // To the last bits only: serde_json's default float parser (no
+        // `float_roundtrip`) can read a printed f64 one ulp off.
+        for (name, v) in ["encode", "prefill", "decode"]
+            .into_iter()
+            .zip(f.as_array())
+        {
+            let j = c["step_scale"][name].as_f64().unwrap();
+            assert!(
+                (j - v).abs() <= 1e-12 * v.abs(),
+                "round {k}, {name}: {j} in study.json, {v} in the profile"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&out);
 }
