@@ -330,8 +330,9 @@ struct AllArgs {
     /// Requests of the calibration run that opens each round of runs (B3 at 20% load on a
     /// trace of its own): its steps that ran alone give `profile-calibrated-<round>.toml`'s
     /// `step_scale`, each kind's time in a serving run over its profiled time, and every
-    /// run of the round is also compared with it. The headline errors stay the operator
-    /// profile's. 0: no calibration runs. `--quick`: 20.
+    /// run of the round is compared with it (the headline errors) and with the operator
+    /// profile alone. 0: no calibration runs (the operator profile is the headline).
+    /// `--quick`: 20.
     #[arg(long)]
     calibration_requests: Option<u64>,
     #[command(flatten)]

@@ -415,12 +415,13 @@ pub struct StudyRun {
     pub step_stretch: [f64; 3],
     /// The run's summary.
     pub run: RunSummary,
-    /// Simulated against measured.
+    /// Simulated against measured: with the round's calibrated profile (the operator
+    /// profile with its calibration run's `step_scale`) when the study has calibration
+    /// runs, else with the operator profile.
     pub comparison: Comparison,
-    /// Simulated with the calibrated profile (the operator profile with its round's
-    /// calibration run's `step_scale`) against measured; `None` when the study had no
-    /// calibration runs.
-    pub calibrated: Option<Comparison>,
+    /// Simulated with the operator profile alone (no `step_scale`) against measured, when
+    /// `comparison` is the calibrated one; `None` in a study without calibration runs.
+    pub operator: Option<Comparison>,
 }
 
 /// The result of `validate all`.
@@ -439,8 +440,9 @@ pub struct Study {
     /// The profile fit.
     pub profile: Profile,
     /// The calibration runs, one opening each round, when the study has them: every run
-    /// is also compared with the operator profile plus its round's `step_scale`
-    /// (`profile/profile-calibrated-<round>.toml`).
+    /// is compared with the operator profile plus its round's `step_scale`
+    /// (`profile/profile-calibrated-<round>.toml`: the headline) and with the operator
+    /// profile alone.
     pub calibrations: Vec<Calibration>,
     /// Simulated saturated throughput per mode, requests per second.
     pub capacity_rps: Vec<(String, f64)>,
@@ -626,15 +628,20 @@ pub fn run_study(
             let dir = out.join("runs").join(&label);
             write_run(&dir, &m, &s)?;
             let stretch = step_stretch(&m.timed, &fitted.hardware, &spec)?;
-            let mut c = compare(mcfg, trace, bs, &m.inputs, &hw_arg)?;
-            let calibrated = match &cal_arg {
-                Some(p) => Some(compare(mcfg, trace, bs, &m.inputs, p)?),
-                None => None,
+            // The headline is the round's calibrated profile when there is one; the
+            // operator profile alone is kept beside it.
+            let ops = compare(mcfg, trace, bs, &m.inputs, &hw_arg)?;
+            let (mut c, mut operator) = match &cal_arg {
+                Some(p) => (compare(mcfg, trace, bs, &m.inputs, p)?, Some(ops)),
+                None => (ops, None),
             };
             if k == 0 {
                 first_inputs[g] = m.inputs;
             }
             c.label = format!("{} {:.0}% #{}", mode.name(), 100.0 * load, k + 1);
+            if let Some(o) = &mut operator {
+                o.label = format!("{} (operator profile alone)", c.label);
+            }
             study.runs.push(StudyRun {
                 mode: mode.name().into(),
                 load,
@@ -643,7 +650,7 @@ pub fn run_study(
                 step_stretch: stretch,
                 run: s,
                 comparison: c,
-                calibrated,
+                operator,
             });
             // The report so far, so a study stopped part-way still says what it measured.
             write_report(out, &study)?;
@@ -936,7 +943,7 @@ fn calibration_markdown(cs: &[Calibration]) -> String {
         return String::new();
     };
     let mut s = format!(
-        "\n## Calibration runs\n\nEach round opens with a calibration run: {} at {:.0}% of the operator profile's capacity ({:.2} req/s), {} requests on a trace of its own (seed {}, the same in every round). Its compute steps that ran alone (mean concurrency over the step at most {ALONE_BUSY}) give per kind the median measured / profiled time (a kind with fewer than {MIN_ALONE_STEPS} steps alone keeps 1): the `step_scale` of `profile/profile-calibrated-<k>.toml` for round k. Every run of a round is also simulated with its round's factors (the column *with calibration*), while the headline errors stay the operator profile's (`profile/profile.toml`), comparable with studies before the calibration runs existed.\n\n| round | wall s | factor encode / prefill / decode | steps alone E / P / D | steps E / P / D |\n|---|---|---|---|---|\n",
+        "\n## Calibration runs\n\nEach round opens with a calibration run: {} at {:.0}% of the operator profile's capacity ({:.2} req/s), {} requests on a trace of its own (seed {}, the same in every round). Its compute steps that ran alone (mean concurrency over the step at most {ALONE_BUSY}) give per kind the median measured / profiled time (a kind with fewer than {MIN_ALONE_STEPS} steps alone keeps 1): the `step_scale` of `profile/profile-calibrated-<k>.toml` for round k. Every run of a round is simulated with its round's factors: the headline errors below. The column *operator profile alone* simulates the same runs with `profile/profile.toml` (no calibration: the headline of studies before the calibration runs existed).\n\n| round | wall s | factor encode / prefill / decode | steps alone E / P / D | steps E / P / D |\n|---|---|---|---|---|\n",
         c.mode,
         100.0 * c.load,
         c.rate,
@@ -1038,7 +1045,7 @@ pub fn report(st: &Study) -> String {
             100.0 * c.kv_block_hit_rate.1,
         ));
     }
-    s.push_str(&format!("\n## Per mode and load, median over repeats\n\nRepeat to repeat: the measured runs against each other, request by request (median over pairs of repeats of the TTFT / E2E median abs difference): the machine's own repeatability. A deterministic prediction cannot come much closer to one run than that (were each run its requests' expected times plus independent noise, an exact prediction of the expected times would be off by about 0.7 times the repeat-to-repeat figure). Step error {:.0}%: the simulator against itself with every compute step {:.0}% slower, on the first repeat's arrivals: what a profile that far off does with no other error.{}\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | TTFT / E2E repeat to repeat % | TTFT / E2E from step error % | TTFT / E2E with calibration % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", 100.0 * (STEP_ERROR - 1.0), 100.0 * (STEP_ERROR - 1.0), if st.calibrations.is_empty() { "" } else { " With calibration: the same runs simulated with their round's calibration factors (`profile/profile-calibrated-<round>.toml`)." }));
+    s.push_str(&format!("\n## Per mode and load, median over repeats\n\nRepeat to repeat: the measured runs against each other, request by request (median over pairs of repeats of the TTFT / E2E median abs difference): the machine's own repeatability. A deterministic prediction cannot come much closer to one run than that (were each run its requests' expected times plus independent noise, an exact prediction of the expected times would be off by about 0.7 times the repeat-to-repeat figure). Step error {:.0}%: the simulator against itself with every compute step {:.0}% slower, on the first repeat's arrivals: what a profile that far off does with no other error.{}\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | TTFT / E2E repeat to repeat % | TTFT / E2E from step error % | TTFT / E2E operator profile alone % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", 100.0 * (STEP_ERROR - 1.0), 100.0 * (STEP_ERROR - 1.0), if st.calibrations.is_empty() { "" } else { " The TTFT and E2E errors are the round's calibrated profile's (`profile/profile-calibrated-<round>.toml`); operator profile alone: the same runs simulated with `profile/profile.toml`." }));
     // Each (mode, load) once, in the order of its first run (the rounds interleave them).
     let mut keys: Vec<(String, u64)> = Vec::new();
     for r in &st.runs {
@@ -1064,11 +1071,11 @@ pub fn report(st: &Study) -> String {
             .iter()
             .find(|f| f.mode == mode && (f.load * 1000.0) as u64 == load);
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
-        // Over the runs compared with the calibrated profile too.
-        let cal = |f: &dyn Fn(&Comparison) -> f64| {
+        // Over the runs compared with the operator profile alone too.
+        let ops_only = |f: &dyn Fn(&Comparison) -> f64| {
             median(
                 rs.iter()
-                    .filter_map(|r| r.calibrated.as_ref().map(f))
+                    .filter_map(|r| r.operator.as_ref().map(f))
                     .collect(),
             )
         };
@@ -1082,8 +1089,8 @@ pub fn report(st: &Study) -> String {
             pct(floor.and_then(|f| f.repeat_e2e_pct)),
             pct(floor.map(|f| f.step_error_ttft_pct)),
             pct(floor.map(|f| f.step_error_e2e_pct)),
-            pct(cal(&|c| c.ttft.median_abs_pct)),
-            pct(cal(&|c| c.e2e.median_abs_pct)),
+            pct(ops_only(&|c| c.ttft.median_abs_pct)),
+            pct(ops_only(&|c| c.e2e.median_abs_pct)),
             med(&|r| rel(r.comparison.throughput_rps)),
             med(&|r| 100.0 * (r.comparison.image_hit_rate.1 - r.comparison.image_hit_rate.0)),
             med(&|r| 100.0 * (r.comparison.kv_block_hit_rate.1 - r.comparison.kv_block_hit_rate.0)),
