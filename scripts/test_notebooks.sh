@@ -53,6 +53,16 @@ if ! MOONAGENT_BIN=$BIN MOONAGENT_NB_INPUT=$IN bash scripts/nb_inputs.sh --quick
   exit 1
 fi
 log "inputs in $(( SECONDS - t1 )) s"
+# A batch log (stderr not a terminal) names each stage of `validate all` on a line of its
+# own (progress::stage).
+for stage in "validate \[ *[0-9]+ s\] round 1/1: calibration run" \
+  "validate \[ *[0-9]+ s\] round 1/1: B3 at 70% of capacity"; do
+  if ! grep -Eq "$stage" "$IN.log"; then
+    cat "$IN.log" >&2
+    echo "[notebooks] FAIL: no line matching '$stage' in the inputs' stderr" >&2
+    exit 1
+  fi
+done
 t1=$SECONDS
 PATH=$VENV/bin:$PATH JUPYTER_PLATFORM_DIRS=1 \
   "$VENV/bin/python" tests/python/test_notebooks.py --input "$IN" 2> >(grep -v 'Kernel is running over TCP' >&2)

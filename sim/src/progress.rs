@@ -104,9 +104,34 @@ pub fn spinner(label: &str, unit: &str, enabled: bool) -> ProgressBar {
     pb
 }
 
+/// A long command's stage on `pb` (a spinner made enabled): its message on a terminal;
+/// where stderr is not one (a batch job's log, `2> file`), one plain line per stage with
+/// the seconds since the spinner started ([`stage_line`]), so the log says where a
+/// command of many minutes is.
+pub fn stage(pb: &ProgressBar, what: &str) {
+    if pb.is_hidden() {
+        eprintln!("{}", stage_line(&pb.prefix(), pb.elapsed(), what));
+    } else {
+        pb.set_message(what.to_string());
+    }
+}
+
+/// The line [`stage`] writes: `validate [  42 s] round 1/3: calibration run ...`.
+pub fn stage_line(label: &str, elapsed: Duration, what: &str) -> String {
+    format!("{label} [{:4} s] {what}", elapsed.as_secs())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stage_line_names_the_command_the_seconds_and_the_stage() {
+        assert_eq!(
+            stage_line("validate", Duration::from_millis(42_900), "round 1/3: B0"),
+            "validate [  42 s] round 1/3: B0"
+        );
+    }
 
     #[test]
     fn hidden_when_disabled() {

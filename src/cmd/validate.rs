@@ -482,9 +482,8 @@ fn profile_cmd(a: ProfileArgs) -> Result<()> {
         host_sched: a.sched.sched(),
         ..ContentionPlan::cpu_default()
     };
-    let contention = profile::contention_if_shared(Some(&plan), exec.as_ref(), |m| {
-        pb.set_message(m.to_string())
-    })?;
+    let contention =
+        profile::contention_if_shared(Some(&plan), exec.as_ref(), |m| progress::stage(&pb, m))?;
     pb.finish_and_clear();
     let mut p = profile::fit(
         &base,
@@ -519,7 +518,10 @@ fn run_cmd(a: RunArgs) -> Result<()> {
     let (trace, bs) = a.workload.load()?;
     let exec = executor(&cfg, 0, a.device)?;
     let pb = progress::spinner("validate run", "", true);
-    pb.set_message(format!("{} requests, {}", trace.len(), cfg.mode.name()));
+    progress::stage(
+        &pb,
+        &format!("{} requests, {}", trace.len(), cfg.mode.name()),
+    );
     let r = match a.store {
         StoreKind::Mem => run_trace(&cfg, &trace, bs, mem_store(&cfg)?, exec, a.speedup, opts),
         StoreKind::Mooncake => run_trace(
@@ -676,7 +678,7 @@ fn all_cmd(a: AllArgs) -> Result<()> {
     };
     let pb = progress::spinner("validate", "", true);
     let st = study::run_study(&cfg, exec, stores, &a.out, |what| {
-        pb.set_message(what.to_string())
+        progress::stage(&pb, what)
     });
     pb.finish_and_clear();
     let st = st?;
