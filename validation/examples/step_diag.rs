@@ -5,7 +5,7 @@
 //!
 //! `cargo run --release -p moonagent-validation --example step_diag -- PROFILE.toml RUN/timed.jsonl`
 use moonagent_core::serve::Mode;
-use moonagent_models::{CostModel, HardwareProfile, ModelSpec};
+use moonagent_models::{CoreWeights, CostModel, HardwareProfile, ModelSpec};
 use moonagent_validation::backend::{Step, Timed, Work};
 use moonagent_validation::study::{alone_ns, cpu_config, step_concurrency};
 
@@ -45,7 +45,7 @@ fn main() {
         println!(
             "{},{},{},{},{p},{:.3},{b},{c}",
             t.worker,
-            ["encode", "prefill", "decode"][k],
+            CoreWeights::KINDS[k],
             t.start_ns,
             t.measured_ns,
             busy

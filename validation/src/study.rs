@@ -532,14 +532,11 @@ pub fn run_study(
     let profile_path = write_profile(&out.join("profile"), &fitted, &samples, &hold)?;
     let hw_arg = profile_path.display().to_string();
     let slow = fitted.hardware.with_steps_scaled(STEP_ERROR);
-    let slow_path = out
-        .join("profile")
-        .join(format!("profile-steps-x{STEP_ERROR}.toml"));
-    let text = slow
-        .to_toml_string()
-        .map_err(|e| MeasureError::writing(&slow_path, e))?;
-    std::fs::write(&slow_path, text).map_err(|e| MeasureError::writing(&slow_path, e))?;
-    let slow_arg = slow_path.display().to_string();
+    let slow_arg = write_hardware(
+        &out.join("profile")
+            .join(format!("profile-steps-x{STEP_ERROR}.toml")),
+        &slow,
+    )?;
     let base_cfg = cpu_config(Mode::B3);
     // What every report of this study says besides its runs.
     let mut study = Study {
@@ -571,7 +568,14 @@ pub fn run_study(
         for &load in &cfg.loads {
             let rate = (load * sat.throughput_rps).max(1e-3);
             let (trace, bs) = generate(cfg.requests, rate, cfg.seed)?;
-            groups.push((mode, load, rate, mcfg.clone(), trace, bs));
+            groups.push(StudyPoint {
+                mode,
+                load,
+                rate,
+                cfg: mcfg.clone(),
+                trace,
+                bs,
+            });
         }
     }
     // By rounds: round k is the calibration run k (when the study has one), then run k of
@@ -601,20 +605,25 @@ pub fn run_study(
                     stores,
                     out,
                 )?;
-                let mut hw = fitted.hardware.clone();
-                hw.step_scale = Some(c.step_scale);
-                let p = out.join("profile").join(calibrated_profile_name(k));
-                let text = hw
-                    .to_toml_string()
-                    .map_err(|e| MeasureError::writing(&p, e))?;
-                std::fs::write(&p, text).map_err(|e| MeasureError::writing(&p, e))?;
+                let hw = HardwareProfile {
+                    step_scale: Some(c.step_scale),
+                    ..fitted.hardware.clone()
+                };
+                let p = write_hardware(&out.join("profile").join(calibrated_profile_name(k)), &hw)?;
                 study.calibrations.push(c);
                 write_report(out, &study)?;
-                Some(p.display().to_string())
+                Some(p)
             }
         };
-        for (g, (mode, load, rate, mcfg, trace, bs)) in groups.iter().enumerate() {
-            let (mode, load, rate, bs) = (*mode, *load, *rate, *bs);
+        for (g, pt) in groups.iter().enumerate() {
+            let StudyPoint {
+                mode,
+                load,
+                rate,
+                cfg: ref mcfg,
+                ref trace,
+                bs,
+            } = *pt;
             say(&format!(
                 "round {}/{}: {} at {:.0}% of capacity ({rate:.2} req/s)",
                 k + 1,
@@ -656,11 +665,11 @@ pub fn run_study(
             write_report(out, &study)?;
         }
     }
-    for (g, (mode, load, _, mcfg, trace, bs)) in groups.iter().enumerate() {
+    for (g, pt) in groups.iter().enumerate() {
         let group: Vec<&StudyRun> = study
             .runs
             .iter()
-            .filter(|r| r.mode == mode.name() && r.load == *load)
+            .filter(|r| r.mode == pt.mode.name() && r.load == pt.load)
             .collect();
         let mut repeat = (Vec::new(), Vec::new());
         for (i, a) in group.iter().enumerate() {
@@ -670,10 +679,17 @@ pub fn run_study(
                 repeat.1.push(e.median_abs_pct);
             }
         }
-        let (t, e) = sim_vs_sim(mcfg, trace, *bs, &first_inputs[g], &hw_arg, &slow_arg)?;
+        let (t, e) = sim_vs_sim(
+            &pt.cfg,
+            &pt.trace,
+            pt.bs,
+            &first_inputs[g],
+            &hw_arg,
+            &slow_arg,
+        )?;
         study.floors.push(Floor {
-            mode: mode.name().into(),
-            load: *load,
+            mode: pt.mode.name().into(),
+            load: pt.load,
             repeat_ttft_pct: median(repeat.0),
             repeat_e2e_pct: median(repeat.1),
             step_error_ttft_pct: t.median_abs_pct,
@@ -684,6 +700,27 @@ pub fn run_study(
     crate::compare::write(out, "simulated vs measured", &cs)?;
     write_report(out, &study)?;
     Ok(study)
+}
+
+/// One (mode, load) point of a study: its configuration and trace, the same in every
+/// round.
+struct StudyPoint {
+    mode: Mode,
+    load: f64,
+    rate: f64,
+    cfg: SimConfig,
+    trace: Vec<Request>,
+    bs: u32,
+}
+
+/// Write `hw` as a profile file at `path`; the path as the simulator's `hardware`
+/// argument.
+fn write_hardware(path: &Path, hw: &HardwareProfile) -> Result<String, MeasureError> {
+    let text = hw
+        .to_toml_string()
+        .map_err(|e| MeasureError::writing(path, e))?;
+    std::fs::write(path, text).map_err(|e| MeasureError::writing(path, e))?;
+    Ok(path.display().to_string())
 }
 
 /// The file name, under the study's `profile/`, of the operator profile with round `k`'s
