@@ -144,13 +144,22 @@ struct ComputeArgs {
     /// The GPU's ordinal (`--compute cuda`).
     #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// Keep the CPU backend's weights in the host's caches while its workers idle (`true`,
+    /// the default) or not (`false`): a thread at the kernel's idle priority reads them
+    /// every 5 ms while no step runs, as a GPU's weights stay in its memory between steps.
+    /// Without it a step after idle workers reads them from DRAM (+5-7 ms after 100 ms idle
+    /// on a 2-core VM), which the profile, timing steps back to back, does not see; see the
+    /// README. Reads only: no result changes. No effect with `--compute cuda`
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    keep_warm: bool,
 }
 
 impl ComputeArgs {
     /// How reports name the device (`cpu`, `cuda:0`).
     fn label(self) -> String {
         match self.compute {
-            ComputeKind::Cpu => "cpu".into(),
+            ComputeKind::Cpu if self.keep_warm => "cpu, weights kept warm".into(),
+            ComputeKind::Cpu => "cpu, weights not kept warm".into(),
             ComputeKind::Cuda => format!("cuda:{}", self.gpu),
         }
     }
@@ -367,7 +376,14 @@ fn executor(cfg: &SimConfig, seed: u64, device: ComputeArgs) -> Result<Arc<dyn E
     match device.compute {
         ComputeKind::Cpu => {
             let compute = CpuCompute::new(&spec, seed).map_err(|e| anyhow::anyhow!("{e}"))?;
-            Ok(Arc::new(ComputeExecutor::new(compute, workers)))
+            let exec = ComputeExecutor::new(compute, workers);
+            if device.keep_warm {
+                let exec = exec
+                    .keep_warm(moonagent_validation::warm::DEFAULT_INTERVAL)
+                    .map_err(|e| anyhow::anyhow!("--keep-warm: starting the keeper: {e}"))?;
+                return Ok(Arc::new(exec));
+            }
+            Ok(Arc::new(exec))
         }
         ComputeKind::Cuda => cuda_executor(&spec, seed, device.gpu, workers),
     }

@@ -41,7 +41,9 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use moonagent_core::fingerprint::{Dtype, GridThw, ImageHasher, ModelFp};
 use moonagent_core::fork::{PoolConfig, PoolCore, SeqId};
@@ -49,6 +51,7 @@ use moonagent_core::serve::{DecodeSeqRef, EngineConfig, Extra, JobId, WorkerId};
 
 use crate::backend::{ExecError, Executor, Step, StepKv};
 use crate::compute::{text_token, Compute, DecodeSeq, ImageInput, KvPages, PrefillChunk, Rows};
+use crate::warm::WarmKeeper;
 
 /// Tokens per scratch KV page.
 const PAGE_TOKENS: u32 = 16;
@@ -95,7 +98,12 @@ impl<K> Default for RealKv<K> {
 /// Runs engine steps on `C`: per worker, the pages of its KV pools (and a scratch arena
 /// for shape-only steps).
 pub struct ComputeExecutor<C: Compute> {
-    compute: C,
+    compute: Arc<C>,
+    /// Keeps the weights in the host's caches while the workers idle
+    /// ([`ComputeExecutor::keep_warm`]).
+    keeper: Option<WarmKeeper>,
+    /// Steps running now (the keeper touches only while none is).
+    busy: Arc<AtomicU32>,
     kv: Vec<Mutex<Option<C::Kv>>>,
     real: Vec<Mutex<RealKv<C::Kv>>>,
     /// Finished prefills' KV by job, per worker (taken by the handoff or a local admission).
@@ -111,7 +119,9 @@ impl<C: Compute> ComputeExecutor<C> {
     pub fn new(compute: C, workers: u32) -> Self {
         let per = |_| Mutex::default();
         Self {
-            compute,
+            compute: Arc::new(compute),
+            keeper: None,
+            busy: Arc::new(AtomicU32::new(0)),
             kv: (0..workers).map(|_| Mutex::new(None)).collect(),
             real: (0..workers)
                 .map(|_| Mutex::new(RealKv::default()))
@@ -123,6 +133,35 @@ impl<C: Compute> ComputeExecutor<C> {
                 .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
                 .collect(),
         }
+    }
+
+    /// Keep the weights in the host's caches while the workers idle: a [`WarmKeeper`]
+    /// reading them every `interval` at idle priority, for as long as this executor
+    /// lives. No effect for a backend whose weights are not in host memory
+    /// ([`Compute::touch_weights`] reads nothing).
+    pub fn keep_warm(mut self, interval: Duration) -> std::io::Result<Self>
+    where
+        C: 'static,
+    {
+        let c = self.compute.clone();
+        let busy = self.busy.clone();
+        self.keeper = WarmKeeper::start(
+            move |go: &dyn Fn() -> bool| c.touch_weights(go),
+            move || busy.load(Ordering::Relaxed) == 0,
+            interval,
+        )?;
+        Ok(self)
+    }
+
+    /// Count a step as running until the guard drops.
+    fn running(&self) -> Running<'_> {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        Running(&self.busy)
+    }
+
+    /// The keeper, when one runs ([`ComputeExecutor::keep_warm`]).
+    pub fn keeper(&self) -> Option<&WarmKeeper> {
+        self.keeper.as_ref()
     }
 
     /// The K/V bytes of the first `len` tokens of the sequence whose page table is `pages`
@@ -514,6 +553,15 @@ impl<C: Compute> ComputeExecutor<C> {
     }
 }
 
+/// A step running on a [`ComputeExecutor`] ([`ComputeExecutor::running`]).
+struct Running<'a>(&'a AtomicU32);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl<C: Compute> Executor for ComputeExecutor<C> {
     fn encoder_outputs(&self) -> bool {
         true
@@ -570,6 +618,7 @@ impl<C: Compute> Executor for ComputeExecutor<C> {
         step: &Step,
         kv: &StepKv,
     ) -> Result<Vec<Vec<u8>>, ExecError> {
+        let _running = self.running();
         match (step, kv) {
             // A prefill always names its jobs; its KV is kept only when decodes will name
             // their pages to take it (the engine's `kv_tables`), else nothing would take it.
@@ -600,6 +649,7 @@ impl<C: Compute> Executor for ComputeExecutor<C> {
     }
 
     fn run(&self, worker: WorkerId, step: &Step) -> Result<Vec<Vec<u8>>, ExecError> {
+        let _running = self.running();
         match step {
             Step::Encode { tokens, contents } => {
                 if contents.len() != tokens.len() {
@@ -798,6 +848,62 @@ mod tests {
         for &(_, seq, _) in seqs {
             pool.append(seq, 1).unwrap();
         }
+    }
+
+    /// The keeper only reads (INVARIANTS V4): with it running, an encoder batch's outputs
+    /// and a prefill's KV are the same bytes as without it.
+    #[test]
+    fn keeping_the_weights_warm_changes_no_byte() {
+        let spec = spec();
+        let run = |warm: bool| {
+            let mut ex = ComputeExecutor::new(CpuCompute::new(&spec, 3).unwrap(), 1);
+            if warm {
+                ex = ex.keep_warm(Duration::from_millis(1)).unwrap();
+                let k = ex.keeper().expect("the CPU model has weights to keep warm");
+                assert!(k.bytes() > 1 << 20, "{} bytes a pass", k.bytes());
+            }
+            ex.prepare(&cfg(&spec)).unwrap();
+            let encode = Step::Encode {
+                tokens: vec![64, 16],
+                contents: vec![1, 2],
+            };
+            let outputs = ex.run(0, &encode).unwrap();
+            let kv = StepKv::Prefill(vec![(1, 10)]);
+            ex.run_kv(0, &Step::Prefill(vec![(10, 0)]), &kv).unwrap();
+            let bytes = ex.kv_take(0, 1).unwrap().expect("a finished prefill's KV");
+            (outputs, bytes)
+        };
+        let warm = run(true);
+        assert_eq!(warm.0.len(), 2, "one output per image");
+        assert!(warm.0.iter().all(|o| !o.is_empty()));
+        assert_eq!(run(false), warm);
+    }
+
+    /// The keeper reads only while no step runs: with a step's guard held its passes stop,
+    /// once the guard drops they go on.
+    #[test]
+    fn the_keeper_waits_while_a_step_runs() {
+        let spec = spec();
+        let ex = ComputeExecutor::new(CpuCompute::new(&spec, 3).unwrap(), 1)
+            .keep_warm(Duration::from_millis(1))
+            .unwrap();
+        let passes = || ex.keeper().unwrap().passes();
+        let wait_for = |n: u64| {
+            let t0 = std::time::Instant::now();
+            while passes() < n && t0.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            passes()
+        };
+        assert!(wait_for(3) >= 3, "passes while idle");
+        let running = ex.running();
+        // A pass under way when the step started stops at its next piece.
+        std::thread::sleep(Duration::from_millis(50));
+        let during = passes();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(passes(), during, "a pass began while a step ran");
+        drop(running);
+        assert!(wait_for(during + 2) >= during + 2, "no pass after the step");
     }
 
     /// A prefill step needing more pages than the pool has (a job mid-prefill plus a new

@@ -22,3 +22,4 @@ pub mod mooncake;
 pub mod profile;
 pub mod study;
 pub mod te;
+pub mod warm;

@@ -278,6 +278,34 @@ impl CpuCompute {
         })
     }
 
+    /// `f` on every tensor a step reads whole: each LLM layer's, the final norm and LM
+    /// head, the ViT's blocks, patch embedding and merger. Not the token embedding table,
+    /// of which a step reads only its tokens' rows.
+    fn tensors(&self, f: &mut dyn FnMut(&[f32])) {
+        for l in &self.layers {
+            f(&l.ln1);
+            l.qkv.tensors(f);
+            l.o.tensors(f);
+            f(&l.ln2);
+            l.gate_up.tensors(f);
+            l.down.tensors(f);
+        }
+        f(&self.final_norm);
+        self.lm_head.tensors(f);
+        self.patch_embed.tensors(f);
+        for b in &self.blocks {
+            f(&b.ln1);
+            b.qkv.tensors(f);
+            b.proj.tensors(f);
+            f(&b.ln2);
+            b.gate_up.tensors(f);
+            b.down.tensors(f);
+        }
+        f(&self.merger_ln);
+        self.merger_fc1.tensors(f);
+        self.merger_fc2.tensors(f);
+    }
+
     /// The seed the weights were drawn under.
     pub fn seed(&self) -> u64 {
         self.seed
@@ -555,6 +583,18 @@ impl Compute for CpuCompute {
 
     fn spec(&self) -> &ModelSpec {
         &self.spec
+    }
+
+    /// Every tensor a step reads whole ([`CpuCompute::tensors`]), one load per cache line.
+    fn touch_weights(&self, go: &dyn Fn() -> bool) -> u64 {
+        let (mut sum, mut bytes) = (0f32, 0u64);
+        self.tensors(&mut |v| {
+            let (b, s) = super::ops::touch(v, go);
+            sum += s;
+            bytes += b;
+        });
+        std::hint::black_box(sum);
+        bytes
     }
 
     fn shared_cores(&self) -> Option<f64> {

@@ -320,6 +320,15 @@ pub trait Compute: Send + Sync {
         None
     }
 
+    /// Read every weight once (a load per cache line), in pieces, stopping early once `go`
+    /// turns false; returns how many bytes it read. What [`crate::warm::WarmKeeper`] calls
+    /// while the workers idle, so that the weights stay in the host's caches as a GPU's
+    /// stay in its memory. `0`: nothing to keep warm (the default; a GPU's weights are in
+    /// device memory).
+    fn touch_weights(&self, _go: &dyn Fn() -> bool) -> u64 {
+        0
+    }
+
     /// An arena of `pages` pages of `page_tokens` tokens for this model.
     fn new_kv(&self, pages: u32, page_tokens: u32) -> Result<Self::Kv, ComputeError>;
 

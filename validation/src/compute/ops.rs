@@ -113,6 +113,25 @@ impl LinearExec for Host {
     }
 }
 
+/// Load the first value of every 64-byte line of `v`, in pieces of [`TOUCH_PIECE`] values,
+/// while `go` holds (asked before each piece): the lines are then recently used in the
+/// caches. Reads only. Returns the bytes covered and the loads' sum (which the caller
+/// keeps, so the loads are not optimised away).
+pub(crate) fn touch(v: &[f32], go: &dyn Fn() -> bool) -> (u64, f32) {
+    let (mut bytes, mut sum) = (0u64, 0f32);
+    for piece in v.chunks(TOUCH_PIECE) {
+        if !go() {
+            break;
+        }
+        sum += piece.iter().step_by(16).sum::<f32>();
+        bytes += std::mem::size_of_val(piece) as u64;
+    }
+    (bytes, sum)
+}
+
+/// Values [`touch`] reads between two checks of its `go` (256 KiB of f32).
+pub(crate) const TOUCH_PIECE: usize = 1 << 16;
+
 /// A dense layer `y = x W (+ b)`, `W` stored `din x dout` row-major.
 #[derive(Debug, Clone)]
 pub(crate) struct Linear {
@@ -138,6 +157,14 @@ impl Linear {
             dout,
             w,
             b: None,
+        }
+    }
+
+    /// `f` on the weights, then the bias if any.
+    pub fn tensors(&self, f: &mut dyn FnMut(&[f32])) {
+        f(&self.w);
+        if let Some(b) = &self.b {
+            f(b);
         }
     }
 
@@ -406,6 +433,28 @@ pub(crate) fn extend_from_bf16_bytes(out: &mut Vec<f32>, bytes: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pass covers every piece while `go` holds and stops at the first one it refuses;
+    /// the sum is of every 16th value (one per 64-byte line).
+    #[test]
+    fn touch_stops_at_the_first_refused_piece() {
+        let v = vec![1f32; 2 * TOUCH_PIECE + 5];
+        assert_eq!(
+            touch(&v, &|| true),
+            (4 * v.len() as u64, v.len().div_ceil(16) as f32)
+        );
+        let asked = std::cell::Cell::new(0);
+        let one = || {
+            asked.set(asked.get() + 1);
+            asked.get() == 1
+        };
+        assert_eq!(
+            touch(&v, &one),
+            (4 * TOUCH_PIECE as u64, (TOUCH_PIECE / 16) as f32)
+        );
+        assert_eq!(asked.get(), 2, "asked before each piece, up to the refusal");
+        assert_eq!(touch(&v, &|| false), (0, 0.0));
+    }
 
     #[test]
     fn exp2_neg_is_close_to_exp2() {
