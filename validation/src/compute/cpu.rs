@@ -282,25 +282,24 @@ impl CpuCompute {
     /// head, the ViT's blocks, patch embedding and merger. Not the token embedding table,
     /// of which a step reads only its tokens' rows.
     fn tensors(&self, f: &mut dyn FnMut(&[f32])) {
+        // A transformer block's tensors, LLM layer or ViT block alike.
+        let mut block =
+            |ln1: &[f32], qkv: &Linear, out: &Linear, ln2: &[f32], mlp: [&Linear; 2]| {
+                f(ln1);
+                qkv.tensors(f);
+                out.tensors(f);
+                f(ln2);
+                mlp.iter().for_each(|l| l.tensors(f));
+            };
         for l in &self.layers {
-            f(&l.ln1);
-            l.qkv.tensors(f);
-            l.o.tensors(f);
-            f(&l.ln2);
-            l.gate_up.tensors(f);
-            l.down.tensors(f);
+            block(&l.ln1, &l.qkv, &l.o, &l.ln2, [&l.gate_up, &l.down]);
+        }
+        for b in &self.blocks {
+            block(&b.ln1, &b.qkv, &b.proj, &b.ln2, [&b.gate_up, &b.down]);
         }
         f(&self.final_norm);
         self.lm_head.tensors(f);
         self.patch_embed.tensors(f);
-        for b in &self.blocks {
-            f(&b.ln1);
-            b.qkv.tensors(f);
-            b.proj.tensors(f);
-            f(&b.ln2);
-            b.gate_up.tensors(f);
-            b.down.tensors(f);
-        }
         f(&self.merger_ln);
         self.merger_fc1.tensors(f);
         self.merger_fc2.tensors(f);
