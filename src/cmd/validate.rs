@@ -147,7 +147,7 @@ struct ComputeArgs {
     /// Keep the CPU backend's weights in the host's caches while its workers idle (`true`,
     /// the default) or not (`false`): a thread at the kernel's idle priority reads them
     /// every 5 ms while no step runs, as a GPU's weights stay in its memory between steps.
-    /// Without it a step after idle workers reads them from DRAM (+5-7 ms after 100 ms idle
+    /// Without it a step after idle workers reads them from DRAM (+3-7 ms after 100 ms idle
     /// on a 2-core VM), which the profile, timing steps back to back, does not see; see the
     /// README. Reads only: no result changes. No effect with `--compute cuda`
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]

@@ -6,9 +6,9 @@
 //! steps run back to back, which is how `validate profile` times them; but a worker that
 //! idles loses them to the host's other tenants, and its next step reads them from DRAM.
 //! Measured on the 2-core VM (`validation/examples/cold_probe.rs`, median of 7 after each
-//! gap): a step after its thread slept 20 / 100 / 300 ms took +2-3 / +5-7 / +11-16 ms more
-//! than back to back, whatever its own length (a 4 ms decode iteration and a 100 ms
-//! encoder batch alike), and idle-priority threads that kept the cores busy without
+//! gap, two runs): a step after its thread slept 20 / 100 / 300 ms took +0.2-2.8 /
+//! +2.6-7.1 / +4.8-12.7 ms more than back to back, whatever its own length (a 4 ms decode
+//! iteration and a 100 ms encoder batch alike), and idle-priority threads that kept the cores busy without
 //! touching memory did not change that (so it is not the cores' idle states). A light
 //! run's steps mostly follow such gaps; a loaded run's mostly do not, which is part of
 //! why one calibration factor cannot fit both (README, the calibration run).
