@@ -376,12 +376,11 @@ fn executor(cfg: &SimConfig, seed: u64, device: ComputeArgs) -> Result<Arc<dyn E
     match device.compute {
         ComputeKind::Cpu => {
             let compute = CpuCompute::new(&spec, seed).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let exec = ComputeExecutor::new(compute, workers);
+            let mut exec = ComputeExecutor::new(compute, workers);
             if device.keep_warm {
-                let exec = exec
+                exec = exec
                     .keep_warm(moonagent_validation::warm::DEFAULT_INTERVAL)
                     .map_err(|e| anyhow::anyhow!("--keep-warm: starting the keeper: {e}"))?;
-                return Ok(Arc::new(exec));
             }
             Ok(Arc::new(exec))
         }

@@ -13,7 +13,7 @@ use moonagent_validation::backend::{Executor, Step};
 use moonagent_validation::compute::CpuCompute;
 use moonagent_validation::exec::ComputeExecutor;
 use moonagent_validation::study::cpu_config;
-use moonagent_validation::warm::DEFAULT_INTERVAL;
+use moonagent_validation::warm::{idle_priority, DEFAULT_INTERVAL};
 
 fn main() {
     let spec = ModelSpec::resolve(&cpu_config(Mode::B0).model).expect("the runs' model");
@@ -29,11 +29,7 @@ fn main() {
         .unwrap_or(0);
     for _ in 0..spin {
         std::thread::spawn(|| {
-            // SAFETY: changes only this thread's scheduling policy.
-            unsafe {
-                let p = libc::sched_param { sched_priority: 0 };
-                libc::sched_setscheduler(0, libc::SCHED_IDLE, &p);
-            }
+            idle_priority();
             loop {
                 std::hint::spin_loop();
             }

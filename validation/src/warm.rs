@@ -8,8 +8,9 @@
 //! Measured on the 2-core VM (`validation/examples/cold_probe.rs`, median of 7 after each
 //! gap, two runs): a step after its thread slept 20 / 100 / 300 ms took +0.2-2.8 /
 //! +2.6-7.1 / +4.8-12.7 ms more than back to back, whatever its own length (a 4 ms decode
-//! iteration and a 100 ms encoder batch alike), and idle-priority threads that kept the cores busy without
-//! touching memory did not change that (so it is not the cores' idle states). A light
+//! iteration and a 100 ms encoder batch alike), and idle-priority threads that kept the
+//! cores busy without touching memory did not change that (so it is not the cores' idle
+//! states). A light
 //! run's steps mostly follow such gaps; a loaded run's mostly do not, which is part of
 //! why one calibration factor cannot fit both (README, the calibration run).
 //!
@@ -108,17 +109,19 @@ impl Drop for WarmKeeper {
     }
 }
 
-/// Put the calling thread at the kernel's idle priority; whether that worked.
+/// Put the calling thread at the kernel's idle priority (`SCHED_IDLE`: it runs only on a
+/// core no other thread wants); whether that worked.
 #[cfg(target_os = "linux")]
-fn idle_priority() -> bool {
+pub fn idle_priority() -> bool {
     let p = libc::sched_param { sched_priority: 0 };
     // SAFETY: `sched_setscheduler` with pid 0 changes only the calling thread's policy and
     // reads `p` only during the call.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &p) == 0 }
 }
 
+/// Not Linux: no idle priority.
 #[cfg(not(target_os = "linux"))]
-fn idle_priority() -> bool {
+pub fn idle_priority() -> bool {
     false
 }
 

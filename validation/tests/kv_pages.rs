@@ -30,7 +30,7 @@ fn a_run_that_forks_and_preempts_keeps_its_kv_in_the_pools_pages() {
     };
     // 24 requests within about a second, faster than two cores serve them, so that the
     // decode pools fill whatever the host's speed: at 8 req/s a quiet host preempted
-    // nothing in 1 run of 4 (2026-12-07); at 24 req/s 8-10 preemptions a run, 2-5 with
+    // nothing in 1 run of 4 (2026-12-07); at 24 req/s 8-13 preemptions a run, 2-5 with
     // both cores loaded by other work.
     let (trace, bs) = generate(24, 24.0, 5).unwrap();
     let exec = Arc::new(ComputeExecutor::new(CpuCompute::new(&spec, 0).unwrap(), 3));
