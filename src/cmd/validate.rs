@@ -177,8 +177,11 @@ enum HostSchedArg {
 /// How the compute threads share the host's cores when there are more workers than cores.
 #[derive(Args, Debug, Clone, Copy)]
 struct HostSchedArgs {
-    /// Who schedules the workers' compute threads on the host's cores.
-    #[arg(long, value_enum, default_value = "os")]
+    /// Who schedules the workers' compute threads on the host's cores: the backend's round
+    /// robin (the default since 2026-12-07: the processor sharing the simulator models) or
+    /// the kernel (`os`, what figures before that date used). No effect with
+    /// `--compute cuda`; no step waits where there are as many cores as workers
+    #[arg(long, value_enum, default_value = "round-robin")]
     host_sched: HostSchedArg,
     /// The round robin's quantum, microseconds.
     #[arg(long, default_value_t = DEFAULT_QUANTUM_US, value_parser = clap::value_parser!(u64).range(1..))]

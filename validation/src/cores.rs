@@ -1,8 +1,8 @@
 //! How the CPU backend's compute threads share the host's cores ([`HostSched`]).
 //!
 //! Each worker of a run is a compute thread standing in for a device; on a host with
-//! fewer cores than workers they share the cores. [`HostSched::Os`] (the default) leaves
-//! that to the kernel's scheduler. [`HostSched::RoundRobin`] runs every step under the
+//! fewer cores than workers they share the cores. [`HostSched::Os`] leaves that to the
+//! kernel's scheduler. [`HostSched::RoundRobin`] (the default) runs every step under the
 //! core's [`CoreGate`]: a step holds one of the host's cores for its length, waits for
 //! one in first-come order, and gives its core to the longest waiter at the first
 //! operator boundary ([`checkpoint`], called by every GEMM of the CPU operators) after it
@@ -32,17 +32,18 @@ pub const DEFAULT_QUANTUM_US: u64 = 1_000;
 
 /// Who decides which compute thread runs on the host's cores.
 ///
-/// The default is the kernel's scheduler: what every measured figure in the README was
-/// taken with. The round robin is what the simulator's processor sharing describes (three
-/// CPU-bound threads on two cores each got a third of the work within 3% under it, and
-/// 29-37% each under the kernel), but on the shared 2-core VM, whose delivered capacity
-/// moved by 2x within minutes while they were compared, runs under the two could not be
-/// told apart (the README's real-backend section).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The default is the round robin at [`DEFAULT_QUANTUM_US`]: the processor sharing the
+/// simulator's `SharedCores` models (three CPU-bound threads on two cores each got a third
+/// of the work within 3% under it, and 29-37% each under the kernel). The kernel's
+/// scheduler (`Os`) favours short, often-waking threads by heuristics no simulator
+/// models; in six same-sitting B0 runs at 70% load each (2026-12-07, the README's
+/// "Who shares the cores"), B0's TTFT median |error| was 12.4-28.4% (median 19.7%) under
+/// the round robin and 25.1-34.6% (29.6%) under the kernel, with B0 at 20% and B3 at
+/// both loads unchanged. Every figure before that day was measured under `Os`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum HostSched {
     /// The kernel's scheduler: every compute thread runnable at once.
-    #[default]
     Os,
     /// The backend's round robin over the host's cores ([`CoreGate`]), yielding at the
     /// first operator boundary after `quantum_us` when another step waits.
@@ -50,6 +51,12 @@ pub enum HostSched {
         /// The quantum, microseconds (at least 1).
         quantum_us: u64,
     },
+}
+
+impl Default for HostSched {
+    fn default() -> Self {
+        Self::round_robin()
+    }
 }
 
 impl HostSched {
@@ -337,7 +344,8 @@ mod tests {
 
     #[test]
     fn os_and_gpu_runs_get_no_gate_and_round_robin_gets_the_host_cores() {
-        assert!(HostSched::default().gate(Some(2.0)).unwrap().is_none());
+        assert_eq!(HostSched::default(), HostSched::round_robin());
+        assert!(HostSched::Os.gate(Some(2.0)).unwrap().is_none());
         assert!(HostSched::round_robin().gate(None).unwrap().is_none());
         let g = HostSched::round_robin().gate(Some(2.0)).unwrap().unwrap();
         assert_eq!(g.cores(), 2);
