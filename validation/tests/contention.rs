@@ -6,6 +6,7 @@ use std::time::Duration;
 use moonagent_core::serve::WorkerId;
 use moonagent_models::{HardwareProfile, ModelSpec, Roofline};
 use moonagent_validation::backend::{ExecError, Executor, Step};
+use moonagent_validation::cores::HostSched;
 use moonagent_validation::profile::{self, ContentionPlan, Grid};
 
 /// Steps that wait instead of computing: nothing competes for cores, so running them
@@ -27,9 +28,13 @@ impl Executor for Sleeper {
     }
 }
 
+/// A short plan under the kernel's scheduler: there sleeping steps hold no core. (Under
+/// the backend's round robin, the default, a step holds its core for its whole length,
+/// sleeping or not, so sleepers would compete.)
 fn plan() -> ContentionPlan {
     ContentionPlan {
         window: Duration::from_millis(300),
+        host_sched: HostSched::Os,
         ..ContentionPlan::cpu_default()
     }
 }
