@@ -181,11 +181,21 @@ struct HostSchedArgs {
     /// robin (the default since 2026-12-07: the processor sharing the simulator models) or
     /// the kernel (`os`, what figures before that date used). No effect with
     /// `--compute cuda`; no step waits where there are as many cores as workers
-    #[arg(long, value_enum, default_value = "round-robin")]
+    #[arg(long, value_enum, default_value_t = HostSched::default().into())]
     host_sched: HostSchedArg,
     /// The round robin's quantum, microseconds.
     #[arg(long, default_value_t = DEFAULT_QUANTUM_US, value_parser = clap::value_parser!(u64).range(1..))]
     quantum_us: u64,
+}
+
+/// The library's default discipline as the flag's default (one place says which it is).
+impl From<HostSched> for HostSchedArg {
+    fn from(s: HostSched) -> Self {
+        match s {
+            HostSched::Os => HostSchedArg::Os,
+            HostSched::RoundRobin { .. } => HostSchedArg::RoundRobin,
+        }
+    }
 }
 
 impl HostSchedArgs {
