@@ -237,18 +237,7 @@ pub fn alone_stretch(
     hw: &HardwareProfile,
     spec: &ModelSpec,
 ) -> Result<(StepScale, [usize; 3], [usize; 3]), MeasureError> {
-    let mut busy = vec![f64::INFINITY; timed.len()];
-    for (i, b) in step_concurrency(timed) {
-        busy[i] = b;
-    }
-    let mut r: [Vec<f64>; 3] = Default::default();
-    let mut steps = [0usize; 3];
-    for (i, k, ratio) in step_ratios(timed, hw, spec)? {
-        steps[k] += 1;
-        if busy[i] <= ALONE_BUSY {
-            r[k].extend(ratio);
-        }
-    }
+    let (r, steps) = ratios_where(timed, hw, spec, |busy| busy <= ALONE_BUSY)?;
     let alone = [r[0].len(), r[1].len(), r[2].len()];
     let f = r.map(|v| {
         if v.len() < MIN_ALONE_STEPS {
@@ -266,6 +255,56 @@ pub fn alone_stretch(
         steps,
         alone,
     ))
+}
+
+/// Per kind, how much slower its steps ran while every one of `workers` compute workers
+/// had a step running (mean concurrency over the step at least `workers` less the slack
+/// of [`ALONE_BUSY`]) than the run's steps of that kind that ran alone: the median
+/// measured / profiled time of the first over that of the second, so the host's speed in
+/// that run cancels out. Equal processor sharing (the simulator's model without
+/// contention weights, INVARIANTS D9) predicts `workers / cores` for every kind. `None`
+/// for a kind with fewer than [`MIN_ALONE_STEPS`] steps in either set.
+pub fn contended_stretch(
+    timed: &[crate::backend::Timed],
+    hw: &HardwareProfile,
+    spec: &ModelSpec,
+    workers: usize,
+) -> Result<[Option<f64>; 3], MeasureError> {
+    let full = workers as f64 - (ALONE_BUSY - 1.0);
+    let (alone, _) = ratios_where(timed, hw, spec, |busy| busy <= ALONE_BUSY)?;
+    let (all, _) = ratios_where(timed, hw, spec, |busy| busy >= full)?;
+    let mut out = [None; 3];
+    for (k, (a, b)) in alone.into_iter().zip(all).enumerate() {
+        if a.len() >= MIN_ALONE_STEPS && b.len() >= MIN_ALONE_STEPS {
+            if let (Some(a), Some(b)) = (median(a), median(b)) {
+                out[k] = (a > 0.0).then(|| b / a);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The measured / profiled time of the compute steps of `timed` whose mean concurrency
+/// ([`step_concurrency`]) passes `keep`, per kind, and the count of all steps per kind.
+fn ratios_where(
+    timed: &[crate::backend::Timed],
+    hw: &HardwareProfile,
+    spec: &ModelSpec,
+    keep: impl Fn(f64) -> bool,
+) -> Result<([Vec<f64>; 3], [usize; 3]), MeasureError> {
+    let mut busy = vec![f64::NAN; timed.len()];
+    for (i, b) in step_concurrency(timed) {
+        busy[i] = b;
+    }
+    let mut r: [Vec<f64>; 3] = Default::default();
+    let mut steps = [0usize; 3];
+    for (i, k, ratio) in step_ratios(timed, hw, spec)? {
+        steps[k] += 1;
+        if keep(busy[i]) {
+            r[k].extend(ratio);
+        }
+    }
+    Ok((r, steps))
 }
 
 impl Default for StudyConfig {
@@ -413,6 +452,9 @@ pub struct StudyRun {
     pub repeat: u32,
     /// Median measured / profiled compute step time per kind ([`step_stretch`]).
     pub step_stretch: [f64; 3],
+    /// Per kind, the stretch of the steps that ran while every worker was busy over the
+    /// run's steps that ran alone ([`contended_stretch`]); `None` with too few of either.
+    pub contended_stretch: [Option<f64>; 3],
     /// The run's summary.
     pub run: RunSummary,
     /// Simulated against measured: with the round's calibrated profile (the operator
@@ -637,6 +679,8 @@ pub fn run_study(
             let dir = out.join("runs").join(&label);
             write_run(&dir, &m, &s)?;
             let stretch = step_stretch(&m.timed, &fitted.hardware, &spec)?;
+            let contended =
+                contended_stretch(&m.timed, &fitted.hardware, &spec, study.workers as usize)?;
             // The headline is the round's calibrated profile when there is one; the
             // operator profile alone is kept beside it.
             let ops = compare(mcfg, trace, bs, &m.inputs, &hw_arg)?;
@@ -657,6 +701,7 @@ pub fn run_study(
                 rate,
                 repeat: k,
                 step_stretch: stretch,
+                contended_stretch: contended,
                 run: s,
                 comparison: c,
                 operator,
@@ -1050,11 +1095,14 @@ pub fn report(st: &Study) -> String {
         }
     ));
     s.push_str("Host before / after: what the host's cores delivered just before and just after the run, all cores at once as a share of the cores times one thread alone (1.00: every core at full speed); a run whose host changed under it measures the host as much as the backend.\n\n");
-    s.push_str("| mode | load | rate req/s | run | wall s | same decisions | host before / after | step stretch E/P/D | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    if st.workers as usize > st.cores {
+        s.push_str(&format!("All busy E/P/D: per kind, the median measured / profiled time of the steps that ran while all {} workers had a step running, over that of the run's steps of the kind that ran alone (the host's speed in the run cancels out); equal processor sharing, the simulator's model, predicts {:.2} (workers / cores) for every kind; `-`: fewer than {MIN_ALONE_STEPS} steps of the kind in either set.\n\n", st.workers, st.workers as f64 / st.cores.max(1) as f64));
+    }
+    s.push_str("| mode | load | rate req/s | run | wall s | same decisions | host before / after | step stretch E/P/D | all busy E/P/D | TTFT median abs err % | TTFT bias % | E2E median abs err % | throughput meas / sim | img hit meas / sim | KV hit meas / sim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &st.runs {
         let c = &r.comparison;
         s.push_str(&format!(
-            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {} | {} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
+            "| {} | {:.0}% | {:.2} | {} | {:.1} | {} | {} | {} | {} | {:.1} | {:+.1} | {:.1} | {:.3} / {:.3} | {:.1}% / {:.1}% | {:.1}% / {:.1}% |\n",
             r.mode,
             100.0 * r.load,
             r.rate,
@@ -1071,6 +1119,9 @@ pub fn report(st: &Study) -> String {
                 _ => "-".into(),
             },
             stretch_text(r.step_stretch),
+            r.contended_stretch
+                .map(|v| v.map_or("-".to_string(), |v| format!("{v:.2}")))
+                .join(" / "),
             c.ttft.median_abs_pct,
             c.ttft.bias_pct,
             c.e2e.median_abs_pct,
@@ -1254,6 +1305,64 @@ mod tests {
         ));
         let (k, _, _) = alone_stretch(&timed, &hw, &spec).unwrap();
         assert!((k.prefill - 3.0).abs() < 1e-3, "{k:?}");
+    }
+
+    /// A kind's contended stretch is the median of its steps that ran with every worker
+    /// busy over the median of those that ran alone; steps with fewer busy do not count,
+    /// and a kind short of either set gets none.
+    #[test]
+    fn contended_stretch_divides_the_all_busy_median_by_the_alone_median() {
+        let spec = ModelSpec::resolve(STUDY_MODEL).unwrap();
+        let hw = HardwareProfile::by_name("cpu").unwrap();
+        let cost = CostModel::new(&hw, &spec, 1).unwrap();
+        let d = cost.decode_iter_time_ns(1, 128);
+        let p = cost.prefill_batch_time_ns(&[(256, 0)]);
+        let e = cost.encoder_time_ns(&[64]);
+        let mut timed = Vec::new();
+        let mut t = 0;
+        // Five decode iterations alone at 1.1 times their price.
+        for _ in 0..MIN_ALONE_STEPS {
+            timed.push(step(t, d * 11 / 10, decode(1)));
+            t += d * 11 / 10 + 10;
+        }
+        // Five prefills alone at 1.0.
+        for _ in 0..MIN_ALONE_STEPS {
+            timed.push(step(t, p, crate::backend::Step::Prefill(vec![(256, 0)])));
+            t += p + 10;
+        }
+        // Three workers busy: an encode and a prefill spanning five decode iterations
+        // at 2.2 times (twice their alone ratio), each decode fully inside both.
+        let span = 5 * (d * 22 / 10 + 10) + 20;
+        timed.push(step(
+            t,
+            span.max(e),
+            crate::backend::Step::Encode {
+                tokens: vec![64],
+                contents: vec![1],
+            },
+        ));
+        timed.push(step(
+            t,
+            span.max(e),
+            crate::backend::Step::Prefill(vec![(256, 0)]),
+        ));
+        let mut u = t + 10;
+        for _ in 0..MIN_ALONE_STEPS {
+            timed.push(step(u, d * 22 / 10, decode(1)));
+            u += d * 22 / 10 + 10;
+        }
+        t += span.max(e) + 10;
+        // Two busy (not all three): does not count.
+        timed.push(step(t, 9 * d, decode(1)));
+        timed.push(step(t, 9 * d, decode(1)));
+        let s = contended_stretch(&timed, &hw, &spec, 3).unwrap();
+        assert!((s[2].unwrap() - 2.0).abs() < 1e-2, "{s:?}");
+        // Encode: no step alone; prefill: one step with all busy, fewer than the minimum.
+        assert_eq!((s[0], s[1]), (None, None), "{s:?}");
+        // With two workers the two-busy iterations count too: median of 2.2 x5 and 9 x2.
+        let s2 = contended_stretch(&timed, &hw, &spec, 2).unwrap();
+        assert!((s2[2].unwrap() - 2.0).abs() < 1e-2, "{s2:?}");
+        assert!(s2[1].is_none(), "{s2:?}");
     }
 
     #[test]
