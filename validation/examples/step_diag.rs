@@ -1,7 +1,8 @@
 //! Per-step diagnosis of a measured run: every compute step's measured time beside the
 //! fitted profile's prediction for it alone (as `study::step_stretch` judges it), and the mean number of compute steps running
 //! at once over its span (itself included), from the run's `timed.jsonl`. CSV on stdout:
-//! `worker,kind,start_ns,measured_ns,predicted_ns,busy,batch,ctx_sum`.
+//! `worker,kind,start_ns,measured_ns,predicted_ns,busy,batch,ctx_sum,waited_ns` (`waited_ns`:
+//! of `measured_ns`, the time the step waited for a host core under the round robin).
 //!
 //! `cargo run --release -p moonagent-validation --example step_diag -- PROFILE.toml RUN/timed.jsonl`
 use moonagent_core::serve::Mode;
@@ -27,7 +28,7 @@ fn main() {
         .filter(|t: &Timed| matches!(t.what, Work::Step(_)))
         .collect();
     let busy = step_concurrency(&steps);
-    println!("worker,kind,start_ns,measured_ns,predicted_ns,busy,batch,ctx_sum");
+    println!("worker,kind,start_ns,measured_ns,predicted_ns,busy,batch,ctx_sum,waited_ns");
     for &(i, busy) in &busy {
         let t = &steps[i];
         let Work::Step(s) = &t.what else { continue };
@@ -43,12 +44,13 @@ fn main() {
             _ => (0, 0),
         };
         println!(
-            "{},{},{},{},{p},{:.3},{b},{c}",
+            "{},{},{},{},{p},{:.3},{b},{c},{}",
             t.worker,
             CoreWeights::KINDS[k],
             t.start_ns,
             t.measured_ns,
-            busy
+            busy,
+            t.waited_ns
         );
     }
 }

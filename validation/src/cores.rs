@@ -134,6 +134,8 @@ struct Held {
     core: usize,
     tid: u64,
     since: Instant,
+    /// Time this step has waited for a core so far (its start and its hand-overs).
+    waited_ns: u64,
 }
 
 thread_local! {
@@ -143,33 +145,53 @@ thread_local! {
 /// Runs `f` holding one of `cores`' cores (waiting for it first), or at once without a
 /// gate. Checkpoints inside `f` on this thread may hand the core over and wait again.
 pub fn on_core<T>(cores: Option<&HostCores>, f: impl FnOnce() -> T) -> T {
-    let Some(c) = cores else { return f() };
+    on_core_waited(cores, f).0
+}
+
+/// [`on_core`], with the time the call spent waiting for a core: before it started and
+/// at every hand-over of its checkpoints (0 without a gate). The rest of its time it held
+/// a core.
+pub fn on_core_waited<T>(cores: Option<&HostCores>, f: impl FnOnce() -> T) -> (T, u64) {
+    let Some(c) = cores else { return (f(), 0) };
     let tid = affinity::tid();
+    let asked = Instant::now();
     let core = c.gate.acquire(tid);
     affinity::pin(tid, &c.cpus, core);
+    let since = Instant::now();
     HELD.with_borrow_mut(|h| {
         *h = Some(Held {
             cores: c.clone(),
             core,
             tid,
-            since: Instant::now(),
+            since,
+            waited_ns: since.duration_since(asked).as_nanos() as u64,
         })
     });
     // Released even if `f` panics (the core is given back as the thread unwinds).
     struct Release<'a>(&'a CoreGate);
     impl Drop for Release<'_> {
         fn drop(&mut self) {
-            if let Some(h) = HELD.with_borrow_mut(Option::take) {
-                self.0.release(h.core);
-                // Off the core, the thread may wake anywhere: pinned to the CPU it left,
-                // its next step's wake-up waited for whatever now runs there (1.5-6 ms
-                // in a quarter of B0 70%'s steps) even with the other CPU free.
-                affinity::unpin(h.tid, &h.cores.cpus);
-            }
+            release_held(self.0);
         }
     }
     let _release = Release(&c.gate);
-    f()
+    let out = f();
+    // Released here, so the guard finds nothing left to release.
+    let waited_ns = release_held(&c.gate);
+    (out, waited_ns)
+}
+
+/// Gives this thread's core back, if it holds one, and returns the time its step waited.
+fn release_held(gate: &CoreGate) -> u64 {
+    let Some(h) = HELD.with_borrow_mut(Option::take) else {
+        return 0;
+    };
+    gate.release(h.core);
+    // Off the core, the thread may wake anywhere: pinned to the CPU it left, its next
+    // step's wake-up waited for whatever now runs there (1.5-6 ms in a quarter of B0
+    // 70%'s steps) even with the other CPU free.
+    affinity::unpin(h.tid, &h.cores.cpus);
+    h.waited_ns
 }
 
 /// An operator boundary: if this thread holds a core under a gate, has held it for a
@@ -181,10 +203,12 @@ pub fn checkpoint() {
         let Some(h) = h.as_mut() else { return };
         let held = h.since.elapsed().as_nanos() as u64;
         if h.cores.gate.should_yield(held) {
+            let asked = Instant::now();
             h.core = h.cores.gate.rotate(h.core, h.tid);
             affinity::pin(h.tid, &h.cores.cpus, h.core);
             h.cores.rotations.fetch_add(1, Ordering::Relaxed);
             h.since = Instant::now();
+            h.waited_ns += h.since.duration_since(asked).as_nanos() as u64;
         }
     });
 }
@@ -353,6 +377,76 @@ mod tests {
         assert!(q0.unwrap_err().to_string().contains("quantum"));
         assert_eq!(HostSched::Os.name(), "os");
         assert_eq!(HostSched::round_robin().name(), "round_robin");
+    }
+
+    /// A step reports the time it waited for a core: none without a gate, next to none
+    /// alone, and the holder's remaining time when another step holds the only core.
+    #[test]
+    fn a_step_reports_how_long_it_waited_for_a_core() {
+        assert_eq!(on_core_waited(None, || 7), (7, 0));
+        let c = HostSched::RoundRobin {
+            quantum_us: 1_000_000,
+        }
+        .gate(Some(1.0))
+        .unwrap()
+        .unwrap();
+        let (_, alone) = on_core_waited(Some(&c), || ());
+        assert!(alone < 20_000_000, "alone it waited {alone} ns");
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let holder = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                on_core(Some(&c), || {
+                    held_tx.send(()).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(60));
+                })
+            })
+        };
+        held_rx.recv().unwrap();
+        let t = Instant::now();
+        let (_, waited) = on_core_waited(Some(&c), || ());
+        let total = t.elapsed().as_nanos() as u64;
+        holder.join().unwrap();
+        assert!(
+            waited >= 40_000_000,
+            "waited {waited} ns behind a 60 ms step"
+        );
+        assert!(waited <= total, "waited {waited} ns of {total}");
+        // Hand-overs count too: with a 1 ms quantum and another step always waiting, a
+        // 20 ms step gives its core away at about every millisecond and waits a quantum
+        // each time, far more than its one wait to start.
+        let c = HostSched::RoundRobin { quantum_us: 1_000 }
+            .gate(Some(1.0))
+            .unwrap()
+            .unwrap();
+        let stop = Arc::new(AtomicU64::new(0));
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let other = {
+            let (c, stop) = (c.clone(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                on_core(Some(&c), || {
+                    held_tx.send(()).unwrap();
+                    while stop.load(Ordering::SeqCst) == 0 {
+                        std::thread::sleep(std::time::Duration::from_micros(200));
+                        checkpoint();
+                    }
+                })
+            })
+        };
+        held_rx.recv().unwrap();
+        let (_, waited) = on_core_waited(Some(&c), || {
+            for _ in 0..20 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                checkpoint();
+            }
+        });
+        stop.store(1, Ordering::SeqCst);
+        other.join().unwrap();
+        assert!(c.rotations() >= 10, "{} hand-overs", c.rotations());
+        assert!(
+            waited >= 8_000_000,
+            "waited {waited} ns over its hand-overs"
+        );
     }
 
     /// Three threads on one core with a 1 us quantum: each step holds the core alone

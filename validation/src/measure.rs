@@ -286,6 +286,7 @@ impl<S: Store> Store for TimedStore<S> {
                 },
                 start_ns: t0.duration_since(self.origin).as_nanos() as u64,
                 measured_ns: t0.elapsed().as_nanos() as u64,
+                waited_ns: 0,
             });
         }
         r

@@ -1216,6 +1216,7 @@ mod tests {
             what: crate::backend::Work::Step(what),
             start_ns,
             measured_ns,
+            waited_ns: 0,
         }
     }
 
@@ -1241,6 +1242,7 @@ mod tests {
             },
             start_ns: 0,
             measured_ns: 1_000,
+            waited_ns: 0,
         };
         let timed = vec![
             step(0, 100, decode(1)),   // alone

@@ -39,7 +39,7 @@ use moonagent_core::serve::{
 use moonagent_core::store::Store;
 use serde::{Deserialize, Serialize};
 
-use crate::cores::{on_core, HostCores, HostSched};
+use crate::cores::{on_core_waited, HostCores, HostSched};
 use crate::te::{self, TeCluster, TeNic};
 use link::{LinkError, Nic, Sink};
 
@@ -257,6 +257,15 @@ pub struct Timed {
     pub start_ns: u64,
     /// How long it took, ns.
     pub measured_ns: u64,
+    /// Of `measured_ns`, the time a compute step waited for a host core under the round
+    /// robin (before it started and at its hand-overs; [`crate::cores::on_core_waited`]):
+    /// 0 for everything else, and absent from the JSON when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waited_ns: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// A unit of measured work.
@@ -737,7 +746,7 @@ fn compute_thread(
         let t0 = Instant::now();
         // The wait for a host core is part of the step's time, as its stretch under
         // shared cores is part of the simulated time.
-        let r = on_core(cores.as_ref(), || exec.run_kv(w, &step, &kv));
+        let (r, waited_ns) = on_core_waited(cores.as_ref(), || exec.run_kv(w, &step, &kv));
         let measured_ns = t0.elapsed().as_nanos() as u64;
         let ev = match r {
             Ok(outs) => {
@@ -753,6 +762,7 @@ fn compute_thread(
                         what: Work::Step(step),
                         start_ns: t0.duration_since(start).as_nanos() as u64,
                         measured_ns,
+                        waited_ns,
                     },
                 )
             }
@@ -838,6 +848,7 @@ fn nic_thread(
                 what: Work::Transfer { flow, bytes, path },
                 start_ns: t0.duration_since(start).as_nanos() as u64,
                 measured_ns,
+                waited_ns: 0,
             };
             // The job's completion rides on its last transfer; a handoff's bytes are the
             // receiver's before it completes.
@@ -864,6 +875,7 @@ fn nic_thread(
                     },
                     start_ns: start.elapsed().as_nanos() as u64,
                     measured_ns: 0,
+                    waited_ns: 0,
                 };
                 if events.send(Event::Done(Some(d), timed)).is_err() {
                     return;
@@ -935,6 +947,7 @@ fn router_thread(
                     what: Work::Fingerprint { bytes },
                     start_ns: t0.duration_since(start).as_nanos() as u64,
                     measured_ns: t0.elapsed().as_nanos() as u64,
+                    waited_ns: 0,
                 },
             ),
             Err(source) => Event::Failed(BackendError::Exec {

@@ -194,3 +194,17 @@ fn an_unreachable_store_stops_the_run_with_its_error_at_once() {
     assert!(err.to_string().contains("unavailable"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
+
+/// A timed record without `waited_ns` (written before it existed, or by a run without a
+/// gate) reads as 0, and 0 is left out of the JSON.
+#[test]
+fn waited_ns_defaults_to_zero_and_zero_is_not_written() {
+    let old = r#"{"worker":0,"what":{"Step":{"Encode":{"tokens":[64],"contents":[1]}}},"start_ns":5,"measured_ns":9}"#;
+    let t: super::Timed = serde_json::from_str(old).unwrap();
+    assert_eq!(t.waited_ns, 0);
+    assert_eq!(serde_json::to_string(&t).unwrap(), old);
+    let waited = super::Timed { waited_ns: 4, ..t };
+    let text = serde_json::to_string(&waited).unwrap();
+    assert!(text.ends_with(r#","waited_ns":4}"#), "{text}");
+    assert_eq!(serde_json::from_str::<super::Timed>(&text).unwrap(), waited);
+}
