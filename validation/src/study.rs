@@ -1262,13 +1262,19 @@ mod tests {
         assert_eq!(busy, vec![1.0, 1.0, 2.0, 1.5, 2.5, 4.0, 4.0, 4.0]);
     }
 
+    /// The study's model, the base CPU profile and its cost model.
+    fn study_model_on_cpu() -> (ModelSpec, HardwareProfile, CostModel) {
+        let spec = ModelSpec::resolve(STUDY_MODEL).unwrap();
+        let hw = HardwareProfile::by_name("cpu").unwrap();
+        let cost = CostModel::new(&hw, &spec, 1).unwrap();
+        (spec, hw, cost)
+    }
+
     /// Each kind's factor is the median measured / profiled time of its steps that ran
     /// alone; overlapped steps and kinds with too few alone steps do not move it.
     #[test]
     fn alone_stretch_takes_the_median_of_the_steps_that_ran_alone() {
-        let spec = ModelSpec::resolve(STUDY_MODEL).unwrap();
-        let hw = HardwareProfile::by_name("cpu").unwrap();
-        let cost = CostModel::new(&hw, &spec, 1).unwrap();
+        let (spec, hw, cost) = study_model_on_cpu();
         let d1 = cost.decode_iter_time_ns(1, 128);
         let d2 = cost.decode_iter_time_ns(2, 256);
         let p = cost.prefill_batch_time_ns(&[(256, 0)]);
@@ -1314,9 +1320,7 @@ mod tests {
     /// and a kind short of either set gets none.
     #[test]
     fn contended_stretch_divides_the_all_busy_median_by_the_alone_median() {
-        let spec = ModelSpec::resolve(STUDY_MODEL).unwrap();
-        let hw = HardwareProfile::by_name("cpu").unwrap();
-        let cost = CostModel::new(&hw, &spec, 1).unwrap();
+        let (spec, hw, cost) = study_model_on_cpu();
         let d = cost.decode_iter_time_ns(1, 128);
         let p = cost.prefill_batch_time_ns(&[(256, 0)]);
         let e = cost.encoder_time_ns(&[64]);
