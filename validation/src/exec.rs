@@ -429,13 +429,6 @@ impl<C: Compute> ComputeExecutor<C> {
         copies: &[(u32, u32)],
     ) -> Result<(), ExecError> {
         let g = self.geometry()?;
-        if seqs.len() > g.scratch as usize {
-            return Err(err(format!(
-                "a decode batch of {} sequences, more than the {} scratch pages",
-                seqs.len(),
-                g.scratch
-            )));
-        }
         let pt = u64::from(g.page_tokens);
         let mut real = lock(&self.real, worker)?;
         let RealKv { decode, staged, .. } = &mut *real;
@@ -449,6 +442,14 @@ impl<C: Compute> ComputeExecutor<C> {
         let Some(kv) = decode.as_mut() else {
             return Err(err("no decode pages"));
         };
+        // One scratch page per sequence of the batch. Admission stops at the engine's
+        // `decode_max_batch` (the scratch pages made at first), but a fork admits its
+        // branches past it (INVARIANTS E16), so the scratch grows with the batch.
+        let need = u32::try_from(seqs.len())
+            .ok()
+            .and_then(|n| g.pool_pages.checked_add(n))
+            .ok_or_else(|| err(format!("a decode batch of {} sequences", seqs.len())))?;
+        kv.grow(need).map_err(err)?;
         let copy = |kv: &mut C::Kv, src: u32, dst: u32| {
             self.compute.copy_pages(kv, &[src], &[dst]).map_err(err)
         };
@@ -934,6 +935,65 @@ mod tests {
         assert_eq!(small.0.len() as u64, 40 * spec.kv_bytes_per_token());
         assert!(small.0 != small.1, "two jobs' KV differ");
         assert_eq!(small, large);
+    }
+
+    /// A fork admits its branches past `decode_max_batch` (INVARIANTS E16): a decode
+    /// iteration of 6 sequences, each writing into its own copy of the shared tail, with
+    /// scratch pages made for 4, grows the scratch and leaves every branch's KV byte for
+    /// byte what it is without paging or sharing.
+    #[test]
+    fn a_batch_forked_past_the_largest_decode_batch_gets_scratch_pages_for_all() {
+        let spec = spec();
+        let ex = ComputeExecutor::new(CpuCompute::new(&spec, 3).unwrap(), 2);
+        let c = cfg(&spec);
+        assert_eq!(c.decode_max_batch, 4);
+        ex.prepare(&c).unwrap();
+        let mut r = Reference {
+            compute: CpuCompute::new(&spec, 3).unwrap(),
+            kv: KvArena::new(&spec, 96, PT).unwrap(),
+        };
+        let kv = StepKv::Prefill(vec![(1, 10)]);
+        ex.run_kv(0, &Step::Prefill(vec![(10, 0)]), &kv).unwrap();
+        r.prefill(0, 1, &[(10, 0)]);
+        let bytes = ex.kv_take(0, 1).unwrap().expect("a finished prefill's KV");
+        ex.kv_give(1, 1, bytes).unwrap();
+        let mut pool = PoolCore::new(
+            PoolConfig::new(c.kv_pages, PT, c.kv_bytes_per_token)
+                .with_tail(TailPolicy::CopyOnWrite),
+        )
+        .unwrap();
+        let a = pool.allocate(11).unwrap();
+        iterate(&ex, &mut pool, &[(1, a, true)], &[]);
+        r.decode(&[(0, 1, 11)]);
+        // Fork at 12 tokens into 6 branches (jobs 2..=7), the tail shared by all.
+        let f = pool.fork(a, 6).unwrap();
+        assert!(
+            f.copies.is_empty(),
+            "copy on write copies nothing at the fork"
+        );
+        for slot in 1..6 {
+            for p in 0..16 {
+                r.kv.copy_page(p, slot * 16 + p).unwrap();
+            }
+        }
+        let seqs: Vec<(JobId, SeqId, bool)> = f
+            .branches
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| (2 + i as JobId, b, false))
+            .collect();
+        for len in 12..15u64 {
+            iterate(&ex, &mut pool, &seqs, &[]);
+            let refs: Vec<(u32, JobId, u64)> =
+                (0..6).map(|i| (i as u32, 2 + i as JobId, len)).collect();
+            r.decode(&refs);
+        }
+        let len = pool.seq_len(a).unwrap() - 1;
+        for (i, &(_, seq, _)) in seqs.iter().enumerate() {
+            let table = pool.table(seq).unwrap().to_vec();
+            let got = ex.decode_tokens(1, &table, len as u32).unwrap();
+            assert_eq!(got, r.tokens(i as u32, len), "branch {i}");
+        }
     }
 
     /// A job prefilled in two chunks on worker 0, handed off to worker 1, decoded, forked

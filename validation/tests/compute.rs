@@ -457,6 +457,17 @@ fn copy_pages_copies_real_bytes() {
     other.write_page(1, &src).unwrap();
     other.read_page(1, &mut dst).unwrap();
     assert_eq!(src, dst);
+    // Growing keeps every page's bytes, adds zeroed pages and never shrinks.
+    other.grow(5).unwrap();
+    assert_eq!(other.pages(), 5);
+    other.read_page(1, &mut dst).unwrap();
+    assert_eq!(src, dst, "a page kept across the growth");
+    other.read_page(4, &mut dst).unwrap();
+    assert!(dst.iter().all(|&b| b == 0), "a new page is zeroed");
+    other.grow(3).unwrap();
+    assert_eq!(other.pages(), 5, "never shrinks");
+    other.read_page(1, &mut dst).unwrap();
+    assert_eq!(src, dst);
 }
 
 #[test]

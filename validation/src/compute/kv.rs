@@ -221,6 +221,18 @@ impl KvPages for KvArena {
         KvArena::kv_bytes_per_token(self)
     }
 
+    fn grow(&mut self, pages: u32) -> Result<(), ComputeError> {
+        if pages <= self.pages {
+            return Ok(());
+        }
+        let total = (pages as usize)
+            .checked_mul(self.page_elems())
+            .ok_or(ComputeError::TooLarge { what: "KV arena" })?;
+        self.data.resize(total, 0);
+        self.pages = pages;
+        Ok(())
+    }
+
     fn page_tokens(&self) -> u32 {
         self.page_tokens
     }

@@ -298,6 +298,9 @@ pub trait KvPages {
     fn write_tokens(&mut self, table: &[u32], bytes: &[u8]) -> Result<(), ComputeError>;
     /// KV bytes per token of the layout.
     fn kv_bytes_per_token(&self) -> u64;
+    /// At least `pages` pages: new pages are zeroed, existing ones keep their bytes; never
+    /// shrinks.
+    fn grow(&mut self, pages: u32) -> Result<(), ComputeError>;
 }
 
 /// The operators of EPD serving over a [`ModelSpec`]: what a worker's GPU does.
