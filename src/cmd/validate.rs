@@ -327,9 +327,15 @@ struct AllArgs {
     /// Modes (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "b0,b3")]
     modes: Vec<String>,
-    /// Loads as fractions of the simulated capacity (comma-separated).
+    /// Loads as fractions of each mode's capacity (comma-separated; see `--capacity`).
     #[arg(long, value_delimiter = ',', default_value = "0.2,0.7")]
     loads: Vec<f64>,
+    /// Whose capacity the loads are fractions of: `measured`, a burst of up to 100
+    /// requests arriving at once on the backend (a trace of its own) per mode, the
+    /// simulator's throughput on it reported beside; or `simulated`, the simulator's
+    /// saturated throughput on the study's workload (every study before 2026-12-07, night).
+    #[arg(long, value_enum, default_value = "measured")]
+    capacity: CapacityArg,
     /// A short run for tests: 30 requests, one repeat, a small profile grid.
     #[arg(long)]
     quick: bool,
@@ -647,12 +653,31 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
     Ok(())
 }
 
+/// `validate all --capacity`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum CapacityArg {
+    /// Measured on the backend (a burst per mode).
+    Measured,
+    /// The simulator's, with the operator profile.
+    Simulated,
+}
+
+impl CapacityArg {
+    fn basis(self) -> study::CapacityBasis {
+        match self {
+            CapacityArg::Measured => study::CapacityBasis::Measured,
+            CapacityArg::Simulated => study::CapacityBasis::Simulated,
+        }
+    }
+}
+
 fn all_cmd(a: AllArgs) -> Result<()> {
     let mut cfg = StudyConfig {
         modes: a.modes.iter().map(|m| mode_of(m)).collect::<Result<_>>()?,
         requests: a.requests,
         repeats: a.repeats,
         loads: a.loads.clone(),
+        capacity: a.capacity.basis(),
         host_sched: a.sched.sched(),
         base_hardware: a.base.clone(),
         compute: a.device.label(),

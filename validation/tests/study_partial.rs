@@ -45,7 +45,7 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
         opened.push(label.to_string());
         // Round 0 (its calibration run and two runs), round 1's calibration run and first
         // run.
-        if opened.len() > 5 {
+        if opened.len() > 6 {
             return Err(MeasureError::Store(format!("{label}: the store went away")));
         }
         study::embedded_stores(c, label)
@@ -55,6 +55,7 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
     assert_eq!(
         opened,
         [
+            "capacity-B3",
             "calibration-0",
             "B3-30-0",
             "B3-60-0",
@@ -83,6 +84,22 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
     // The calibration runs: on a trace of their own, written beside the runs, each
     // round's factors in the calibrated profile its runs are compared with.
     assert!(report.contains("## Calibration runs"), "{report}");
+    // The loads are fractions of the capacity measured on the backend, a burst of the
+    // study's requests on a trace of its own, with the simulator's beside it.
+    assert!(report.contains("## Capacity"), "{report}");
+    assert_eq!(json["capacity_basis"], "measured");
+    let cap = &json["capacity_runs"][0];
+    assert_eq!(cap["mode"], "B3");
+    assert_eq!(cap["requests"], 6);
+    assert_eq!(cap["seed"], 19);
+    let measured = cap["measured_rps"].as_f64().unwrap();
+    assert!(measured > 0.0 && cap["simulated_rps"].as_f64().unwrap() > 0.0);
+    assert!(out.join("capacity-B3").join("timed.jsonl").exists());
+    let rate = json["runs"][0]["rate"].as_f64().unwrap();
+    assert!(
+        (rate - 0.3 * measured).abs() <= 1e-9 * rate,
+        "the 30% run's rate {rate} is 30% of the measured {measured}"
+    );
     assert!(report.contains("operator profile alone"), "{report}");
     let cals = json["calibrations"].as_array().unwrap();
     assert_eq!(cals.len(), 2, "round 1's calibration ran before its runs");
