@@ -740,10 +740,9 @@ pub fn run_study(
                 100.0 * load,
             ));
             let label = format!("{}-{:.0}-{}", mode.name(), 100.0 * load, k);
-            let mut store = stores(mcfg, &label)?;
-            let (m, s) = study_run(mcfg, trace, bs, &mut *store, Arc::clone(&exec), cfg)?;
-            let dir = out.join("runs").join(&label);
-            write_run(&dir, &m, &s)?;
+            let runs = out.join("runs");
+            let exec = Arc::clone(&exec);
+            let (m, s) = stored_run(mcfg, trace, bs, &runs, &label, exec, cfg, stores)?;
             let stretch = step_stretch(&m.timed, &fitted.hardware, &spec)?;
             let contended =
                 contended_stretch(&m.timed, &fitted.hardware, &spec, study.workers as usize)?;
@@ -866,9 +865,7 @@ fn calibration_run(
     let rate = (plan.load * sat.throughput_rps).max(1e-3);
     let (trace, bs) = generate(plan.requests, rate, seed)?;
     let label = format!("calibration-{round}");
-    let mut store = stores(&mcfg, &label)?;
-    let (m, s) = study_run(&mcfg, &trace, bs, &mut *store, exec, cfg)?;
-    write_run(&out.join(&label), &m, &s)?;
+    let (m, s) = stored_run(&mcfg, &trace, bs, out, &label, exec, cfg, stores)?;
     let (step_scale, steps, alone) = alone_stretch(&m.timed, hw, spec)?;
     Ok(Calibration {
         round,
@@ -901,9 +898,7 @@ fn capacity_run(
     let (trace, bs) = generate(requests, 1e9, seed)?;
     let (sim, _) = simulate(mcfg, &trace, bs)?;
     let label = format!("capacity-{}", mode.name());
-    let mut store = stores(mcfg, &label)?;
-    let (m, s) = study_run(mcfg, &trace, bs, &mut *store, exec, cfg)?;
-    write_run(&out.join(&label), &m, &s)?;
+    let (_, s) = stored_run(mcfg, &trace, bs, out, &label, exec, cfg, stores)?;
     Ok(CapacityRun {
         mode: mode.name().into(),
         requests,
@@ -912,6 +907,24 @@ fn capacity_run(
         simulated_rps: sim.throughput_rps,
         run: s,
     })
+}
+
+/// [`study_run`] on a fresh store of `stores` named `label`, written to `under/label`.
+#[allow(clippy::too_many_arguments)]
+fn stored_run(
+    mcfg: &SimConfig,
+    trace: &[Request],
+    bs: u32,
+    under: &Path,
+    label: &str,
+    exec: Arc<dyn Executor>,
+    cfg: &StudyConfig,
+    stores: &mut StoreFactory<'_>,
+) -> Result<(crate::backend::Measured, RunSummary), MeasureError> {
+    let mut store = stores(mcfg, label)?;
+    let (m, s) = study_run(mcfg, trace, bs, &mut *store, exec, cfg)?;
+    write_run(&under.join(label), &m, &s)?;
+    Ok((m, s))
 }
 
 /// One measured run of a study: [`run_trace`] with the study's host scheduling and the
