@@ -61,7 +61,8 @@ const PAGE_TOKENS: u32 = 16;
 struct Geometry {
     page_tokens: u32,
     pool_pages: u32,
-    /// Scratch pages after the pool's (one per sequence of the largest decode batch).
+    /// Scratch pages after the pool's made at first (one per sequence of the largest
+    /// decode batch admission allows; a batch that forks past it grows them).
     scratch: u32,
     bytes_per_token: u64,
     /// Steps name their jobs and pages (the engine's `kv_tables`).
