@@ -334,7 +334,7 @@ struct AllArgs {
     /// requests arriving at once on the backend (a trace of its own) per mode, the
     /// simulator's throughput on it reported beside; or `simulated`, the simulator's
     /// saturated throughput on the study's workload (every study before 2026-12-07, night).
-    #[arg(long, value_enum, default_value = "measured")]
+    #[arg(long, value_enum, default_value_t = study::CapacityBasis::default().into())]
     capacity: CapacityArg,
     /// A short run for tests: 30 requests, one repeat, a small profile grid.
     #[arg(long)]
@@ -660,6 +660,16 @@ enum CapacityArg {
     Measured,
     /// The simulator's, with the operator profile.
     Simulated,
+}
+
+/// The library's default basis as the flag's default (one place says which it is).
+impl From<study::CapacityBasis> for CapacityArg {
+    fn from(b: study::CapacityBasis) -> Self {
+        match b {
+            study::CapacityBasis::Measured => CapacityArg::Measured,
+            study::CapacityBasis::Simulated => CapacityArg::Simulated,
+        }
+    }
 }
 
 impl CapacityArg {

@@ -202,7 +202,8 @@ impl Default for CalibrationPlan {
 }
 
 /// Whose saturated throughput a study's loads are fractions of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum CapacityBasis {
     /// The backend's: one burst per mode of at most [`CAPACITY_REQUESTS`] of the study's
     /// requests arriving at once, on a trace of its own (the study's seed + 2), completed
@@ -277,7 +278,14 @@ pub fn alone_stretch(
     hw: &HardwareProfile,
     spec: &ModelSpec,
 ) -> Result<(StepScale, [usize; 3], [usize; 3]), MeasureError> {
-    let (r, steps) = ratios_where(timed, hw, spec, |busy| busy <= ALONE_BUSY)?;
+    let mut r: [Vec<f64>; 3] = Default::default();
+    let mut steps = [0usize; 3];
+    for (k, busy, ratio) in busy_ratios(timed, hw, spec)? {
+        steps[k] += 1;
+        if busy <= ALONE_BUSY {
+            r[k].extend(ratio);
+        }
+    }
     let alone = [r[0].len(), r[1].len(), r[2].len()];
     let f = r.map(|v| {
         if v.len() < MIN_ALONE_STEPS {
@@ -311,8 +319,16 @@ pub fn contended_stretch(
     workers: usize,
 ) -> Result<[Option<f64>; 3], MeasureError> {
     let full = workers as f64 - (ALONE_BUSY - 1.0);
-    let (alone, _) = ratios_where(timed, hw, spec, |busy| busy <= ALONE_BUSY)?;
-    let (all, _) = ratios_where(timed, hw, spec, |busy| busy >= full)?;
+    let mut alone: [Vec<f64>; 3] = Default::default();
+    let mut all: [Vec<f64>; 3] = Default::default();
+    for (k, busy, ratio) in busy_ratios(timed, hw, spec)? {
+        if busy <= ALONE_BUSY {
+            alone[k].extend(ratio);
+        }
+        if busy >= full {
+            all[k].extend(ratio);
+        }
+    }
     let mut out = [None; 3];
     for (k, (a, b)) in alone.into_iter().zip(all).enumerate() {
         if a.len() >= MIN_ALONE_STEPS && b.len() >= MIN_ALONE_STEPS {
@@ -324,27 +340,21 @@ pub fn contended_stretch(
     Ok(out)
 }
 
-/// The measured / profiled time of the compute steps of `timed` whose mean concurrency
-/// ([`step_concurrency`]) passes `keep`, per kind, and the count of all steps per kind.
-fn ratios_where(
+/// Every compute step of `timed` that `hw` prices alone ([`step_ratios`]): its kind, its
+/// mean concurrency ([`step_concurrency`]) and its measured / profiled time.
+fn busy_ratios(
     timed: &[crate::backend::Timed],
     hw: &HardwareProfile,
     spec: &ModelSpec,
-    keep: impl Fn(f64) -> bool,
-) -> Result<([Vec<f64>; 3], [usize; 3]), MeasureError> {
+) -> Result<Vec<(usize, f64, Option<f64>)>, MeasureError> {
     let mut busy = vec![f64::NAN; timed.len()];
     for (i, b) in step_concurrency(timed) {
         busy[i] = b;
     }
-    let mut r: [Vec<f64>; 3] = Default::default();
-    let mut steps = [0usize; 3];
-    for (i, k, ratio) in step_ratios(timed, hw, spec)? {
-        steps[k] += 1;
-        if keep(busy[i]) {
-            r[k].extend(ratio);
-        }
-    }
-    Ok((r, steps))
+    Ok(step_ratios(timed, hw, spec)?
+        .into_iter()
+        .map(|(i, k, ratio)| (k, busy[i], ratio))
+        .collect())
 }
 
 impl Default for StudyConfig {
@@ -531,7 +541,7 @@ pub struct Study {
     /// profile), requests per second.
     pub capacity_rps: Vec<(String, f64)>,
     /// Whose capacity the loads are fractions of.
-    pub capacity_basis: &'static str,
+    pub capacity_basis: CapacityBasis,
     /// The measured capacity bursts, one per mode ([`CapacityBasis::Measured`]).
     pub capacity_runs: Vec<CapacityRun>,
     /// Every run.
@@ -636,10 +646,7 @@ pub fn run_study(
         profile: fitted.clone(),
         calibrations: Vec::new(),
         capacity_rps: Vec::new(),
-        capacity_basis: match cfg.capacity {
-            CapacityBasis::Measured => "measured",
-            CapacityBasis::Simulated => "simulated",
-        },
+        capacity_basis: cfg.capacity,
         capacity_runs: Vec::new(),
         runs: Vec::new(),
         floors: Vec::new(),
@@ -1186,15 +1193,20 @@ fn capacity_markdown(st: &Study) -> String {
             c.seed,
             c.measured_rps,
             c.simulated_rps,
-            if c.measured_rps > 0.0 {
-                100.0 * (c.simulated_rps - c.measured_rps) / c.measured_rps
-            } else {
-                0.0
-            },
+            rel_pct(c.measured_rps, c.simulated_rps),
             c.run.wall_s
         ));
     }
     s
+}
+
+/// `simulated` against `measured`, percent (0 when nothing was measured).
+fn rel_pct(measured: f64, simulated: f64) -> f64 {
+    if measured > 0.0 {
+        100.0 * (simulated - measured) / measured
+    } else {
+        0.0
+    }
 }
 
 fn stretch_text(s: [f64; 3]) -> String {
@@ -1299,7 +1311,7 @@ pub fn report(st: &Study) -> String {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let rel = |(m, s): (f64, f64)| if m > 0.0 { 100.0 * (s - m) / m } else { 0.0 };
+
         let floor = st
             .floors
             .iter()
@@ -1325,7 +1337,7 @@ pub fn report(st: &Study) -> String {
             pct(floor.map(|f| f.step_error_e2e_pct)),
             pct(ops_only(&|c| c.ttft.median_abs_pct)),
             pct(ops_only(&|c| c.e2e.median_abs_pct)),
-            med(&|r| rel(r.comparison.throughput_rps)),
+            med(&|r| rel_pct(r.comparison.throughput_rps.0, r.comparison.throughput_rps.1)),
             med(&|r| 100.0 * (r.comparison.image_hit_rate.1 - r.comparison.image_hit_rate.0)),
             med(&|r| 100.0 * (r.comparison.kv_block_hit_rate.1 - r.comparison.kv_block_hit_rate.0)),
             stretch_text([0, 1, 2].map(|k| med(&|r| r.step_stretch[k]))),
