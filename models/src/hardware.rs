@@ -86,6 +86,14 @@ pub struct HardwareProfile {
     /// follow each other. Absent: every factor 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_scale: Option<StepScale>,
+    /// While more compute steps run than there are `shared_cores`, each kind's step
+    /// advances this many times slower than its processor share (on top of `step_scale`):
+    /// on a host whose cores are all busy and time-sliced, a step runs slower on its core
+    /// than it does alone. `moonagent validate all` measures it on its capacity bursts,
+    /// where every worker is busy nearly all the time. Absent: every factor 1 (plain
+    /// processor sharing). Requires `shared_cores`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oversubscribed: Option<StepScale>,
 }
 
 /// Per compute step kind, the factor [`HardwareProfile::step_scale`] multiplies its time
@@ -551,6 +559,17 @@ impl HardwareProfile {
             check_positive("step_scale.encode", k.encode)?;
             check_positive("step_scale.prefill", k.prefill)?;
             check_positive("step_scale.decode", k.decode)?;
+        }
+        if let Some(k) = self.oversubscribed {
+            if self.shared_cores.is_none() {
+                return Err(FieldError::new(
+                    "oversubscribed",
+                    "expected together with shared_cores (it slows steps sharing them)",
+                ));
+            }
+            check_positive("oversubscribed.encode", k.encode)?;
+            check_positive("oversubscribed.prefill", k.prefill)?;
+            check_positive("oversubscribed.decode", k.decode)?;
         }
         Ok(())
     }

@@ -309,6 +309,41 @@ fn core_weights_need_shared_cores_and_positive_values() {
     assert_eq!(ok.core_weights.map(|w| w.as_array()), Some([1.0, 0.5, 2.0]));
 }
 
+/// `oversubscribed` slows steps sharing cores, so it needs `shared_cores`, and three
+/// positive factors.
+#[test]
+fn oversubscribed_needs_shared_cores_and_positive_factors() {
+    let with = |shared: &str, table: &str| format!("{shared}{CPU}\n[oversubscribed]\n{table}");
+    let (yes, no) = ("shared_cores = 2.0\n", "");
+    assert_invalid(
+        &hw_err(&with(no, "encode = 1.0\nprefill = 1.0\ndecode = 1.5")),
+        "oversubscribed",
+    );
+    assert_invalid(
+        &hw_err(&with(yes, "encode = 1.0\nprefill = -1.0\ndecode = 1.5")),
+        "oversubscribed.prefill",
+    );
+    assert_parse(
+        &hw_err(&with(yes, "encode = 1.0\ndecode = 1.5")),
+        &["prefill"],
+    );
+    let ok = HardwareProfile::from_toml_str(
+        &with(yes, "encode = 1.1\nprefill = 1.0\ndecode = 1.5"),
+        "test.toml",
+    )
+    .expect("valid");
+    assert_eq!(
+        ok.oversubscribed.map(|k| k.as_array()),
+        Some([1.1, 1.0, 1.5])
+    );
+    // It round-trips through a profile file, and a profile without it writes none.
+    let back = HardwareProfile::from_toml_str(&ok.to_toml_string().unwrap(), "back.toml")
+        .expect("round trip");
+    assert_eq!(back.oversubscribed, ok.oversubscribed);
+    let none = HardwareProfile::from_toml_str(&format!("{yes}{CPU}"), "t.toml").unwrap();
+    assert!(!none.to_toml_string().unwrap().contains("oversubscribed"));
+}
+
 #[test]
 fn a_step_scale_needs_three_positive_factors() {
     let with = |table: &str| format!("{CPU}\n[step_scale]\n{table}");

@@ -351,3 +351,119 @@ fn worker_records_account_for_every_step_and_agree_with_the_counters() {
         }
     }
 }
+
+/// D12: the step log is what ran. `Simulation::log_steps` changes no record, summary or
+/// per-worker account; it holds one entry per step the workers ran (per worker and kind the
+/// counts and priced time of `WorkerRecord`), each worker's steps one after another, and a
+/// step's span is its priced time on a device of its own and at least that on shared
+/// cores (where the steps of a worker never overlap either).
+#[test]
+fn the_step_log_is_every_step_that_ran_and_changes_nothing() {
+    use moonagent_core::serve::Action;
+    use moonagent_sim::des::Simulation;
+    let dir = std::env::temp_dir().join(format!("moonagent-des-steplog-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let profile = |cores: Option<f64>| {
+        let mut hw = moonagent_models::HardwareProfile::by_name("h200").unwrap();
+        hw.name = format!("h200-steplog-{cores:?}");
+        hw.shared_cores = cores;
+        let p = dir.join(format!("{}.toml", hw.name));
+        std::fs::write(&p, toml::to_string(&hw).unwrap()).unwrap();
+        p.display().to_string()
+    };
+    for (w, rate) in [("w2", 30.0), ("w4", 12.0)] {
+        let (trace, bs) = workload(w, 120, rate);
+        for mode in [Mode::B0, Mode::B3, Mode::Full] {
+            for cores in [None, Some(2.0), Some(1.0)] {
+                let tag = format!("{w} {} cores {cores:?}", mode.name());
+                let cfg = SimConfig {
+                    mode,
+                    hardware: profile(cores),
+                    ..SimConfig::default()
+                };
+                let plain = simulate_all(&cfg, &trace, bs).expect("simulate");
+                let run = Simulation::new(&cfg, &trace, bs)
+                    .expect("build")
+                    .log_steps()
+                    .run_all()
+                    .expect("simulate");
+                assert!(plain.steps.is_empty(), "{tag}: logged without asking");
+                assert_eq!(run.requests, plain.requests, "{tag}: records");
+                assert_eq!(run.summary, plain.summary, "{tag}: summary");
+                assert_eq!(run.workers, plain.workers, "{tag}: workers");
+                let mut acct = vec![[(0u64, 0u64); 3]; run.workers.len()];
+                let mut free = vec![0u64; run.workers.len()];
+                for s in &run.steps {
+                    let (worker, k) = match s.action {
+                        Action::Encode { worker, .. } => (worker, 0),
+                        Action::Prefill { worker, .. } => (worker, 1),
+                        Action::Decode { worker, .. } => (worker, 2),
+                        ref a => panic!("{tag}: {a:?} is not a step"),
+                    };
+                    let i = worker as usize;
+                    acct[i][k].0 += 1;
+                    acct[i][k].1 += s.priced_ns;
+                    assert!(s.start_ns >= free[i], "{tag}: worker {i} overlaps: {s:?}");
+                    let span = s.end_ns - s.start_ns;
+                    match cores {
+                        None => assert_eq!(span, s.priced_ns, "{tag}: {s:?}"),
+                        Some(_) => assert!(span >= s.priced_ns, "{tag}: faster than priced: {s:?}"),
+                    }
+                    free[i] = s.end_ns;
+                }
+                if let Some(c) = cores {
+                    // Processor sharing, read back from the log alone: over its span each
+                    // step advanced at min(1, c / n(t)), n(t) the logged steps running.
+                    let mut ev: Vec<(u64, i64)> = run
+                        .steps
+                        .iter()
+                        .flat_map(|s| [(s.start_ns, 1), (s.end_ns, -1)])
+                        .collect();
+                    ev.sort_unstable();
+                    let mut segs: Vec<(u64, i64)> = Vec::new();
+                    let mut n = 0;
+                    for (t, d) in ev {
+                        n += d;
+                        match segs.last_mut() {
+                            Some(l) if l.0 == t => l.1 = n,
+                            _ => segs.push((t, n)),
+                        }
+                    }
+                    let mut stretched = 0;
+                    for s in &run.steps {
+                        let from = segs.partition_point(|x| x.0 <= s.start_ns) - 1;
+                        let (mut work, mut pieces) = (0.0, 0.0);
+                        for (i, &(t, n)) in segs.iter().enumerate().skip(from) {
+                            if t >= s.end_ns {
+                                break;
+                            }
+                            let end = segs.get(i + 1).map_or(s.end_ns, |x| x.0.min(s.end_ns));
+                            let a = t.max(s.start_ns);
+                            work += (end - a) as f64 * (c / n as f64).min(1.0);
+                            pieces += 1.0;
+                        }
+                        assert!(
+                            (work - s.priced_ns as f64).abs() <= 2.0 * pieces + 2.0,
+                            "{tag}: {s:?} did {work} ns of work over {pieces} pieces"
+                        );
+                        stretched += usize::from(s.end_ns - s.start_ns > s.priced_ns);
+                    }
+                    assert!(stretched > 0, "{tag}: no step ever shared a core");
+                }
+                for (x, a) in run.workers.iter().zip(&acct) {
+                    assert_eq!(
+                        [a[0], a[1], a[2]],
+                        [
+                            (x.encode_steps, x.encode_ns),
+                            (x.prefill_steps, x.prefill_ns),
+                            (x.decode_steps, x.decode_ns)
+                        ],
+                        "{tag}: worker {}",
+                        x.worker
+                    );
+                }
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -16,7 +16,9 @@ use moonagent_validation::backend::{Executor, KvPath, RunOptions};
 use moonagent_validation::compute::CpuCompute;
 use moonagent_validation::cores::{HostSched, DEFAULT_QUANTUM_US};
 use moonagent_validation::exec::ComputeExecutor;
-use moonagent_validation::measure::{mem_store, read_inputs, run_trace, write_run, MeasureError};
+use moonagent_validation::measure::{
+    mem_store, read_inputs, read_lines, run_trace, write_run, MeasureError,
+};
 use moonagent_validation::mooncake::BridgeStore;
 use moonagent_validation::profile::{self, ContentionPlan, Grid, Order};
 use moonagent_validation::study::{self, cpu_config, CalibrationPlan, StoreFactory, StudyConfig};
@@ -649,6 +651,26 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
         std::slice::from_ref(&c),
     )?;
     println!("{}", c.markdown("simulated vs measured"));
+    // The steps side by side, when the run folder has its measured steps.
+    let timed = a.run.join("timed.jsonl");
+    if timed.exists() {
+        let steps: Vec<moonagent_validation::backend::Timed> = read_lines(
+            &timed,
+            "a timed record {worker, what, start_ns, measured_ns}",
+        )?;
+        let md = study::StepTotals::markdown_pair(
+            &study::step_totals(&steps),
+            &study::step_totals(&c.sim_steps),
+        );
+        println!("{md}");
+        let p = a.out.join("compare.md");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .with_context(|| format!("appending to {}", p.display()))?;
+        std::io::Write::write_all(&mut f, format!("\n{md}").as_bytes())
+            .with_context(|| format!("appending to {}", p.display()))?;
+    }
     eprintln!("wrote {}", a.out.display());
     Ok(())
 }

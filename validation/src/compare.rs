@@ -10,14 +10,18 @@
 use std::path::Path;
 
 use moonagent_core::serve::toy::{replay_inputs, Input};
-use moonagent_core::serve::{RequestRecord, NONE};
-use moonagent_sim::des::{simulate, SimConfig, SimError, Summary};
+use moonagent_core::serve::{Action, RequestRecord, NONE};
+use moonagent_sim::des::{simulate, SimConfig, SimError, Simulation, StepLog, Summary};
 use moonagent_sim::plot::{sim_vs_measured, Pairs};
 use moonagent_sim::table::{Column, Table};
 use moonagent_traces::schema::Request;
 use serde::Serialize;
 
-use crate::measure::{engine, mem_store, MeasureError};
+use crate::backend::{Step, Timed, Work};
+use crate::measure::{engine, mem_store, write_lines, MeasureError};
+
+/// The file a comparison's simulated steps go to, beside a run's measured `timed.jsonl`.
+pub const SIM_TIMED: &str = "simulated-timed.jsonl";
 
 /// Error of one metric, simulated against measured, over the requests both finished.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -122,19 +126,66 @@ pub struct Comparison {
     /// Per-request pairs (measured, simulated) records.
     #[serde(skip)]
     pub pairs: Vec<(RequestRecord, RequestRecord)>,
+    /// The simulated run's compute steps as the backend's `timed.jsonl` records them
+    /// ([`sim_timed`]), in start order.
+    #[serde(skip)]
+    pub sim_steps: Vec<Timed>,
 }
 
-/// `trace` with each request arriving when the run logged in `inputs` saw it arrive.
-fn arrivals_of(trace: &[Request], inputs: &[(u64, Input)]) -> Vec<Request> {
+/// The simulator's compute steps as the backend records measured ones: the step's shape,
+/// its worker, start and span (`measured_ns`: end - start in simulated time) and, as
+/// `waited_ns`, what the span holds beyond the step's priced time alone (on shared cores,
+/// what processor sharing stretched it by). So `timed.jsonl` tools read either run.
+pub fn sim_timed(steps: &[StepLog]) -> Vec<Timed> {
+    steps
+        .iter()
+        .filter_map(|s| {
+            let (Action::Encode { worker, .. }
+            | Action::Prefill { worker, .. }
+            | Action::Decode { worker, .. }) = &s.action
+            else {
+                return None;
+            };
+            let span = s.end_ns.saturating_sub(s.start_ns);
+            Some(Timed {
+                worker: *worker,
+                what: Work::Step(Step::of_action(&s.action)?),
+                start_ns: s.start_ns,
+                measured_ns: span,
+                waited_ns: span.saturating_sub(s.priced_ns),
+            })
+        })
+        .collect()
+}
+
+/// `trace` with each request arriving when the run logged in `inputs` saw it arrive; an
+/// error unless every request of `trace` arrived in the log exactly once (the trace is
+/// the run's).
+fn arrivals_of(trace: &[Request], inputs: &[(u64, Input)]) -> Result<Vec<Request>, MeasureError> {
     let mut timed = trace.to_vec();
+    let mut seen = vec![false; trace.len()];
+    let (mut arrivals, mut max_seen, mut ok) = (0, 0, true);
     for &(t, input) in inputs {
         if let Input::Arrive(i) = input {
-            if let Some(r) = timed.get_mut(i) {
-                r.arrival_ns = t;
+            arrivals += 1;
+            max_seen = max_seen.max(i.saturating_add(1));
+            match (timed.get_mut(i), seen.get_mut(i)) {
+                (Some(r), Some(s)) if !*s => {
+                    r.arrival_ns = t;
+                    *s = true;
+                }
+                _ => ok = false,
             }
         }
     }
-    timed
+    if !ok || arrivals != trace.len() {
+        return Err(MeasureError::NotTheRunsTrace {
+            arrivals,
+            max_seen,
+            requests: trace.len(),
+        });
+    }
+    Ok(timed)
 }
 
 /// The simulator against itself: the run's arrivals (`inputs`) simulated with profile `a`
@@ -149,7 +200,7 @@ pub fn sim_vs_sim(
     a: &str,
     b: &str,
 ) -> Result<(MetricError, MetricError), MeasureError> {
-    let timed = arrivals_of(trace, inputs);
+    let timed = arrivals_of(trace, inputs)?;
     let run = |hw: &str| {
         let c = SimConfig {
             hardware: hw.to_string(),
@@ -198,6 +249,7 @@ pub fn compare(
     inputs: &[(u64, Input)],
     sim_hardware: &str,
 ) -> Result<Comparison, MeasureError> {
+    let timed_trace = arrivals_of(trace, inputs)?;
     // The measured records, from the log.
     let mut e = engine(cfg, trace, block_size, mem_store(cfg)?)?;
     replay_inputs(&mut e, inputs).map_err(SimError::Serve)?;
@@ -214,12 +266,14 @@ pub fn compare(
         readbacks,
     );
     drop(e);
-    let timed_trace = arrivals_of(trace, inputs);
     let sim_cfg = SimConfig {
         hardware: sim_hardware.to_string(),
         ..cfg.clone()
     };
-    let (simulated, sim_recs) = simulate(&sim_cfg, &timed_trace, block_size)?;
+    let run = Simulation::new(&sim_cfg, &timed_trace, block_size)?
+        .log_steps()
+        .run_all()?;
+    let (simulated, sim_recs) = (run.summary, run.requests);
     let pairs: Vec<(RequestRecord, RequestRecord)> = measured_recs
         .into_iter()
         .zip(sim_recs)
@@ -249,6 +303,7 @@ pub fn compare(
         simulated,
         measured,
         pairs,
+        sim_steps: sim_timed(&run.steps),
     })
 }
 
@@ -299,7 +354,8 @@ impl Comparison {
 }
 
 /// Write `compare.md`, `compare.json` and `compare.parquet` (every comparison's pairs)
-/// into `dir`.
+/// into `dir`, and each comparison's simulated steps as `simulated-timed.jsonl`
+/// (`simulated-timed-<i>.jsonl` for the i-th of several).
 pub fn write(dir: &Path, title: &str, cs: &[Comparison]) -> Result<(), MeasureError> {
     let file = |path: &Path, e: &dyn std::fmt::Display| MeasureError::writing(path, e);
     std::fs::create_dir_all(dir).map_err(|e| file(dir, &e))?;
@@ -311,6 +367,13 @@ pub fn write(dir: &Path, title: &str, cs: &[Comparison]) -> Result<(), MeasureEr
     std::fs::write(&p, text).map_err(|e| file(&p, &e))?;
     let p = dir.join("compare.parquet");
     table(cs).write_parquet(&p).map_err(|e| file(&p, &e))?;
+    for (i, c) in cs.iter().enumerate() {
+        let name = match cs.len() {
+            1 => SIM_TIMED.to_string(),
+            _ => format!("simulated-timed-{i}.jsonl"),
+        };
+        write_lines(&dir.join(name), &c.sim_steps)?;
+    }
     for (name, f) in [
         (
             "TTFT",

@@ -55,6 +55,17 @@ pub enum MeasureError {
     /// The input log did not replay to the run's action log.
     #[error("the input log replays to different decisions: {0}")]
     Diverged(String),
+    /// The trace given for a run is not the one it ran: every request of a run's trace
+    /// arrives in its input log, once.
+    #[error("the run's input log has {arrivals} arrivals (of requests 0..{max_seen}) and the trace {requests} requests: the trace is not the run's")]
+    NotTheRunsTrace {
+        /// Arrivals in the input log.
+        arrivals: usize,
+        /// One past the largest request index that arrived.
+        max_seen: usize,
+        /// Requests in the trace given.
+        requests: usize,
+    },
 }
 
 impl MeasureError {
@@ -340,7 +351,7 @@ pub fn write_run(dir: &Path, m: &Measured, s: &RunSummary) -> Result<(), Measure
     Ok(())
 }
 
-fn write_lines<T: Serialize>(path: &Path, rows: &[T]) -> Result<(), MeasureError> {
+pub(crate) fn write_lines<T: Serialize>(path: &Path, rows: &[T]) -> Result<(), MeasureError> {
     let werr = |e: &dyn std::fmt::Display| MeasureError::writing(path, e);
     let f = std::fs::File::create(path).map_err(|e| werr(&e))?;
     let mut w = std::io::BufWriter::new(f);

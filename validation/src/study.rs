@@ -22,9 +22,11 @@ use moonagent_traces::schema::Request;
 use serde::Serialize;
 
 use crate::backend::{Executor, RunOptions};
-use crate::compare::{compare, repeat_difference, sim_vs_sim, Comparison};
+use crate::compare::{compare, repeat_difference, sim_vs_sim, Comparison, SIM_TIMED};
 use crate::cores::HostSched;
-use crate::measure::{mem_store, read_lines, run_trace, write_run, MeasureError, RunSummary};
+use crate::measure::{
+    mem_store, read_lines, run_trace, write_lines, write_run, MeasureError, RunSummary,
+};
 use crate::profile::{self, ContentionPlan, Grid, Order, Profile};
 
 /// The cluster the CPU backend runs: one encoder, one prefill and one decode worker (B0:
@@ -233,8 +235,24 @@ pub struct CapacityRun {
     pub measured_rps: f64,
     /// The simulator's throughput on the same burst with the operator profile.
     pub simulated_rps: f64,
+    /// The simulator's throughput on the same burst with each round's calibrated profile
+    /// (the study's headline profile: `step_scale` and `oversubscribed`), by round; empty
+    /// without calibration runs. The `oversubscribed` factors are fitted on the bursts
+    /// themselves: in sample.
+    pub calibrated_rps: Vec<f64>,
+    /// The same with each round's `step_scale` alone (out of sample: the calibration
+    /// runs' trace, seed + 1 at light load, is not the burst's, seed + 2).
+    pub alone_calibrated_rps: Vec<f64>,
+    /// Per kind, measured / profiled (operator profile) time of the burst's steps that ran
+    /// with every worker busy ([`all_busy_ratios`]).
+    #[serde(skip)]
+    all_busy: [Vec<f64>; 3],
     /// The run's summary.
     pub run: RunSummary,
+    /// The burst and the mode's configuration, to simulate it again with each round's
+    /// calibrated profile.
+    #[serde(skip)]
+    burst: (SimConfig, Vec<Request>, u32),
 }
 
 /// A step ran alone when the mean number of compute steps running over its span (itself
@@ -267,6 +285,13 @@ pub struct Calibration {
     pub alone: [usize; 3],
     /// The factors that went into the profile.
     pub step_scale: StepScale,
+    /// The profile's `oversubscribed` factors for the round ([`oversubscribed_factors`]
+    /// of the capacity bursts over this round's `step_scale`); `None` without bursts or
+    /// when the workers do not outnumber the cores.
+    pub oversubscribed: Option<StepScale>,
+    /// The bursts' steps per kind that ran with every worker busy (what those factors are
+    /// medians of).
+    pub all_busy_steps: [usize; 3],
 }
 
 /// Each kind's median measured / profiled time over the steps of `timed` that ran alone
@@ -338,6 +363,60 @@ pub fn contended_stretch(
         }
     }
     Ok(out)
+}
+
+/// Per kind, the measured / profiled (`hw`) time of each step of `timed` that ran while
+/// every one of `workers` compute workers had a step running (as [`contended_stretch`]
+/// counts them).
+pub fn all_busy_ratios(
+    timed: &[crate::backend::Timed],
+    hw: &HardwareProfile,
+    spec: &ModelSpec,
+    workers: usize,
+) -> Result<[Vec<f64>; 3], MeasureError> {
+    let full = workers as f64 - (ALONE_BUSY - 1.0);
+    let mut all: [Vec<f64>; 3] = Default::default();
+    for (k, busy, ratio) in busy_ratios(timed, hw, spec)? {
+        if busy >= full {
+            all[k].extend(ratio);
+        }
+    }
+    Ok(all)
+}
+
+/// The profile's `oversubscribed` factors: per kind, the median measured / profiled time
+/// of the steps that ran with every worker busy (`all_busy`, pooled over the capacity
+/// bursts), over what the simulator already prices for them: processor sharing's stretch
+/// `workers / cores` times the kind's `alone` factor (`step_scale`). A kind with fewer
+/// than [`MIN_ALONE_STEPS`] such steps keeps 1. `None` when the workers do not outnumber
+/// the cores (nothing is ever oversubscribed). With the counts per kind.
+pub fn oversubscribed_factors(
+    all_busy: &[Vec<f64>; 3],
+    workers: usize,
+    cores: f64,
+    alone: StepScale,
+) -> (Option<StepScale>, [usize; 3]) {
+    let counts = [all_busy[0].len(), all_busy[1].len(), all_busy[2].len()];
+    let share = workers as f64 / cores;
+    // NaN (no cores) counts as not oversubscribed.
+    if share.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
+        return (None, counts);
+    }
+    let a = alone.as_array();
+    let f: Vec<f64> = (0..3)
+        .map(|k| match median(all_busy[k].clone()) {
+            Some(m) if counts[k] >= MIN_ALONE_STEPS && a[k] > 0.0 => m / (share * a[k]),
+            _ => 1.0,
+        })
+        .collect();
+    (
+        Some(StepScale {
+            encode: f[0],
+            prefill: f[1],
+            decode: f[2],
+        }),
+        counts,
+    )
 }
 
 /// Every compute step of `timed` that `hw` prices alone ([`step_ratios`]): its kind, its
@@ -469,6 +548,102 @@ pub fn step_concurrency(timed: &[crate::backend::Timed]) -> Vec<(usize, f64)> {
         .collect()
 }
 
+/// What a run's compute steps add up to: how long each number of them ran at once, and per
+/// kind how many ran, for how long and how large. From a measured run's `timed.jsonl` or a
+/// simulated one's (`compare::sim_timed`), so the two set side by side.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StepTotals {
+    /// Share of the span from the first step's start to the last step's end during which
+    /// `k` compute steps were running, `k = 0, 1, ...` (sums to 1; empty without steps).
+    pub busy: Vec<f64>,
+    /// Steps per kind (encode, prefill, decode).
+    pub steps: [u64; 3],
+    /// Their summed spans per kind, seconds (start to end, waiting for a core included).
+    pub seconds: [f64; 3],
+    /// Mean batch per kind: images per encoder batch, chunks per prefill, sequences per
+    /// decode iteration.
+    pub mean_batch: [f64; 3],
+}
+
+/// [`StepTotals`] of the compute steps in `timed` (transfers and fingerprints left out).
+pub fn step_totals(timed: &[crate::backend::Timed]) -> StepTotals {
+    use crate::backend::{Step, Work};
+    let mut t = StepTotals::default();
+    let (mut batch, mut ns) = ([0u64; 3], [0u64; 3]);
+    let mut edges: Vec<(u64, i64)> = Vec::new();
+    for x in timed {
+        let Work::Step(step) = &x.what else { continue };
+        let (k, b) = match step {
+            Step::Encode { tokens, .. } => (0, tokens.len() as u64),
+            Step::Prefill(chunks) => (1, chunks.len() as u64),
+            Step::Decode { batch, .. } => (2, u64::from(*batch)),
+        };
+        t.steps[k] += 1;
+        ns[k] += x.measured_ns;
+        batch[k] += b;
+        let end = x.start_ns.saturating_add(x.measured_ns);
+        edges.extend([(x.start_ns, 1), (end, -1)]);
+    }
+    for k in 0..3 {
+        t.mean_batch[k] = batch[k] as f64 / t.steps[k].max(1) as f64;
+        t.seconds[k] = ns[k] as f64 / 1e9;
+    }
+    // An end sorts before a start at the same instant.
+    edges.sort_unstable();
+    let (Some(first), Some(last)) = (edges.first(), edges.last()) else {
+        return t;
+    };
+    let span = (last.0 - first.0) as f64;
+    let mut n = 0i64;
+    let mut at = first.0;
+    for &(time, d) in &edges {
+        let level = n.max(0) as usize;
+        if t.busy.len() <= level {
+            t.busy.resize(level + 1, 0.0);
+        }
+        t.busy[level] += (time - at) as f64;
+        at = time;
+        n += d;
+    }
+    for v in &mut t.busy {
+        *v = if span > 0.0 { *v / span } else { 0.0 };
+    }
+    t
+}
+
+impl StepTotals {
+    /// A Markdown table of a measured run's totals beside a simulated one's (what
+    /// `validate compare` prints): time with each number of steps running, step time,
+    /// steps and mean batch per kind.
+    pub fn markdown_pair(measured: &StepTotals, simulated: &StepTotals) -> String {
+        let levels = measured.busy.len().max(simulated.busy.len());
+        let row = |name: &str, t: &StepTotals| {
+            let busy: Vec<String> = (0..levels)
+                .map(|k| format!("{:.3}", t.busy.get(k).copied().unwrap_or(0.0)))
+                .collect();
+            format!(
+                "| {name} | {} | {:.2} / {:.2} / {:.2} | {} / {} / {} | {:.2} / {:.2} / {:.2} |\n",
+                busy.join(" / "),
+                t.seconds[0],
+                t.seconds[1],
+                t.seconds[2],
+                t.steps[0],
+                t.steps[1],
+                t.steps[2],
+                t.mean_batch[0],
+                t.mean_batch[1],
+                t.mean_batch[2],
+            )
+        };
+        format!(
+            "## Compute steps\n\n| run | time with 0..{} steps running | step time E/P/D s | steps E/P/D | mean batch E/P/D |\n|---|---|---|---|---|\n{}{}",
+            levels.saturating_sub(1),
+            row("measured", measured),
+            row("simulated", simulated)
+        )
+    }
+}
+
 /// A compute step's kind (`0` encode, `1` prefill, `2` decode) and its time alone by
 /// `cost`, as [`step_stretch`] judges it; `None` for a decode iteration with extras
 /// (recomputes, fork copies), which the cost model does not price alone.
@@ -515,6 +690,10 @@ pub struct StudyRun {
     /// Simulated with the operator profile alone (no `step_scale`) against measured, when
     /// `comparison` is the calibrated one; `None` in a study without calibration runs.
     pub operator: Option<Comparison>,
+    /// The run's compute steps added up ([`step_totals`] of its `timed.jsonl`).
+    pub steps_measured: StepTotals,
+    /// The same of `comparison`'s simulated run (its `simulated-timed.jsonl`).
+    pub steps_simulated: StepTotals,
 }
 
 /// The result of `validate all`.
@@ -673,7 +852,10 @@ pub fn run_study(
                     "measuring {}'s capacity ({requests} requests at once)",
                     mode.name()
                 ));
-                let c = capacity_run(mode, requests, &mcfg, cfg, Arc::clone(&exec), stores, out)?;
+                let (mut c, timed) =
+                    capacity_run(mode, requests, &mcfg, cfg, Arc::clone(&exec), stores, out)?;
+                c.all_busy =
+                    all_busy_ratios(&timed, &fitted.hardware, &spec, study.workers as usize)?;
                 let rps = c.measured_rps;
                 study.capacity_runs.push(c);
                 write_report(out, &study)?;
@@ -720,12 +902,60 @@ pub fn run_study(
                     stores,
                     out,
                 )?;
-                let hw = HardwareProfile {
+                let mut c = c;
+                // Steps with every worker busy in the capacity bursts, pooled over modes:
+                // how much slower than processor sharing and the alone factors predict.
+                let mut pooled: [Vec<f64>; 3] = Default::default();
+                for cap in &study.capacity_runs {
+                    for (p, v) in pooled.iter_mut().zip(&cap.all_busy) {
+                        p.extend_from_slice(v);
+                    }
+                }
+                if let (Some(cores), false) =
+                    (fitted.hardware.shared_cores, study.capacity_runs.is_empty())
+                {
+                    (c.oversubscribed, c.all_busy_steps) = oversubscribed_factors(
+                        &pooled,
+                        study.workers as usize,
+                        cores,
+                        c.step_scale,
+                    );
+                }
+                let alone_hw = HardwareProfile {
                     step_scale: Some(c.step_scale),
                     ..fitted.hardware.clone()
                 };
+                let hw = HardwareProfile {
+                    oversubscribed: c.oversubscribed,
+                    ..alone_hw.clone()
+                };
                 let p = write_hardware(&out.join("profile").join(calibrated_profile_name(k)), &hw)?;
                 study.calibrations.push(c);
+                // The bursts again, priced with this round's factors, and with its
+                // alone factors only.
+                let alone_p = match study.capacity_runs.is_empty() {
+                    true => String::new(),
+                    false => write_hardware(
+                        &out.join("profile")
+                            .join(format!("profile-calibrated-{k}-alone-factors.toml")),
+                        &alone_hw,
+                    )?,
+                };
+                for c in &mut study.capacity_runs {
+                    let (mcfg, trace, bs) = &c.burst;
+                    let ccfg = SimConfig {
+                        hardware: p.clone(),
+                        ..mcfg.clone()
+                    };
+                    c.calibrated_rps
+                        .push(simulate(&ccfg, trace, *bs)?.0.throughput_rps);
+                    let acfg = SimConfig {
+                        hardware: alone_p.clone(),
+                        ..mcfg.clone()
+                    };
+                    c.alone_calibrated_rps
+                        .push(simulate(&acfg, trace, *bs)?.0.throughput_rps);
+                }
                 write_report(out, &study)?;
                 Some(p)
             }
@@ -763,6 +993,8 @@ pub fn run_study(
             if k == 0 {
                 first_inputs[g] = m.inputs;
             }
+            // The headline's simulated steps beside the run's measured ones.
+            write_lines(&runs.join(&label).join(SIM_TIMED), &c.sim_steps)?;
             c.label = format!("{} {:.0}% #{}", mode.name(), 100.0 * load, k + 1);
             if let Some(o) = &mut operator {
                 o.label = format!("{} (operator profile alone)", c.label);
@@ -775,6 +1007,8 @@ pub fn run_study(
                 step_stretch: stretch,
                 contended_stretch: contended,
                 run: s,
+                steps_measured: step_totals(&m.timed),
+                steps_simulated: step_totals(&c.sim_steps),
                 comparison: c,
                 operator,
             });
@@ -885,6 +1119,8 @@ fn calibration_run(
         steps,
         alone,
         step_scale,
+        oversubscribed: None,
+        all_busy_steps: [0; 3],
     })
 }
 
@@ -900,20 +1136,27 @@ fn capacity_run(
     exec: Arc<dyn Executor>,
     stores: &mut StoreFactory<'_>,
     out: &Path,
-) -> Result<CapacityRun, MeasureError> {
+) -> Result<(CapacityRun, Vec<crate::backend::Timed>), MeasureError> {
     let seed = cfg.seed.wrapping_add(2);
     let (trace, bs) = generate(requests, 1e9, seed)?;
     let (sim, _) = simulate(mcfg, &trace, bs)?;
     let label = format!("capacity-{}", mode.name());
-    let (_, s) = stored_run(mcfg, &trace, bs, out, &label, exec, cfg, stores)?;
-    Ok(CapacityRun {
-        mode: mode.name().into(),
-        requests,
-        seed,
-        measured_rps: s.summary.throughput_rps,
-        simulated_rps: sim.throughput_rps,
-        run: s,
-    })
+    let (m, s) = stored_run(mcfg, &trace, bs, out, &label, exec, cfg, stores)?;
+    Ok((
+        CapacityRun {
+            mode: mode.name().into(),
+            requests,
+            seed,
+            measured_rps: s.summary.throughput_rps,
+            simulated_rps: sim.throughput_rps,
+            calibrated_rps: Vec::new(),
+            alone_calibrated_rps: Vec::new(),
+            all_busy: Default::default(),
+            run: s,
+            burst: (mcfg.clone(), trace, bs),
+        },
+        m.timed,
+    ))
 }
 
 /// [`study_run`] on a fresh store of `stores` named `label`, written to `under/label`.
@@ -1141,7 +1384,7 @@ fn calibration_markdown(cs: &[Calibration]) -> String {
         return String::new();
     };
     let mut s = format!(
-        "\n## Calibration runs\n\nEach round opens with a calibration run: {} at {:.0}% of the operator profile's capacity ({:.2} req/s), {} requests on a trace of its own (seed {}, the same in every round). Its compute steps that ran alone (mean concurrency over the step at most {ALONE_BUSY}) give per kind the median measured / profiled time (a kind with fewer than {MIN_ALONE_STEPS} steps alone keeps 1): the `step_scale` of `profile/profile-calibrated-<k>.toml` for round k. Every run of a round is simulated with its round's factors: the headline errors below. The column *operator profile alone* simulates the same runs with `profile/profile.toml` (no calibration: the headline of studies before the calibration runs existed).\n\n| round | wall s | factor encode / prefill / decode | steps alone E / P / D | steps E / P / D |\n|---|---|---|---|---|\n",
+        "\n## Calibration runs\n\nEach round opens with a calibration run: {} at {:.0}% of the operator profile's capacity ({:.2} req/s), {} requests on a trace of its own (seed {}, the same in every round). Its compute steps that ran alone (mean concurrency over the step at most {ALONE_BUSY}) give per kind the median measured / profiled time (a kind with fewer than {MIN_ALONE_STEPS} steps alone keeps 1): the `step_scale` of `profile/profile-calibrated-<k>.toml` for round k. Where the workers outnumber the cores and the study measured its capacity, the same profile's `oversubscribed` factors say how much slower than processor sharing (times the alone factor) each kind ran while every worker was busy: per kind, the median measured / profiled time of such steps in the capacity bursts (pooled over modes; a kind with fewer than {MIN_ALONE_STEPS} keeps 1) over (workers / cores) x its alone factor. The simulator applies them while more steps run than there are cores (INVARIANTS D9). Every run of a round is simulated with its round's factors: the headline errors below. The column *operator profile alone* simulates the same runs with `profile/profile.toml` (no calibration: the headline of studies before the calibration runs existed).\n\n| round | wall s | factor encode / prefill / decode | steps alone E / P / D | steps E / P / D | oversubscribed E / P / D | all-busy burst steps E / P / D |\n|---|---|---|---|---|---|---|\n",
         c.mode,
         100.0 * c.load,
         c.rate,
@@ -1151,7 +1394,7 @@ fn calibration_markdown(cs: &[Calibration]) -> String {
     for c in cs {
         let k = c.step_scale;
         s.push_str(&format!(
-            "| {} | {:.1} | **{:.3} / {:.3} / {:.3}** | {} / {} / {} | {} / {} / {} |\n",
+            "| {} | {:.1} | **{:.3} / {:.3} / {:.3}** | {} / {} / {} | {} / {} / {} | {} | {} / {} / {} |\n",
             c.round,
             c.run.wall_s,
             k.encode,
@@ -1163,6 +1406,13 @@ fn calibration_markdown(cs: &[Calibration]) -> String {
             c.steps[0],
             c.steps[1],
             c.steps[2],
+            c.oversubscribed.map_or("-".to_string(), |o| format!(
+                "**{:.3} / {:.3} / {:.3}**",
+                o.encode, o.prefill, o.decode
+            )),
+            c.all_busy_steps[0],
+            c.all_busy_steps[1],
+            c.all_busy_steps[2],
         ));
     }
     s
@@ -1183,18 +1433,79 @@ fn capacity_markdown(st: &Study) -> String {
         );
     }
     let mut s = format!(
-        "\n## Capacity\n\nLoads are fractions of each mode's capacity measured on the backend: a burst of requests arriving at once on a trace of its own (`capacity-<mode>/`), completed requests per second. Beside it the simulator's throughput on the same burst with the operator profile: the throughput error at saturation, which the runs cannot show (at 20% and 70% both sides serve the offered rate). The simulator's capacity on the study's workload (what loads were fractions of before 2026-12-07): {sims}.\n\n| mode | requests | seed | measured req/s | simulated req/s | simulated vs measured | wall s |\n|---|---|---|---|---|---|---|\n"
+        "\n## Capacity\n\nLoads are fractions of each mode's capacity measured on the backend: a burst of requests arriving at once on a trace of its own (`capacity-<mode>/`), completed requests per second. Beside it the simulator's throughput on the same burst, with the operator profile alone, with each round's alone factors only (fitted on the calibration runs' trace, not this one: out of sample) and with each round's whole calibrated profile (the headline profile, whose `oversubscribed` factors are fitted on these bursts: in sample): the throughput error at saturation, which the runs cannot show (at 20% and 70% both sides serve the offered rate). The simulator's capacity on the study's workload (what loads were fractions of before 2026-12-07): {sims}.\n\n| mode | requests | seed | measured req/s | operator profile alone req/s | vs measured | alone factors by round vs measured | calibrated by round req/s | vs measured by round | wall s |\n|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for c in &st.capacity_runs {
+        let by_round = |v: &[f64], f: &dyn Fn(f64) -> String| match v.is_empty() {
+            true => "-".to_string(),
+            false => v.iter().map(|&r| f(r)).collect::<Vec<_>>().join(" / "),
+        };
+        let pct = |r: f64| format!("{:+.1}%", rel_pct(c.measured_rps, r));
         s.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {:.3} | {:+.1}% | {:.1} |\n",
+            "| {} | {} | {} | {:.3} | {:.3} | {:+.1}% | {} | {} | {} | {:.1} |\n",
             c.mode,
             c.requests,
             c.seed,
             c.measured_rps,
             c.simulated_rps,
             rel_pct(c.measured_rps, c.simulated_rps),
+            by_round(&c.alone_calibrated_rps, &pct),
+            by_round(&c.calibrated_rps, &|r| format!("{r:.3}")),
+            by_round(&c.calibrated_rps, &pct),
             c.run.wall_s
+        ));
+    }
+    s
+}
+
+/// The report's steps section: per (mode, load), the measured and the headline-simulated
+/// runs' compute steps added up ([`StepTotals`]), median over repeats.
+fn steps_markdown(st: &Study) -> String {
+    let levels = st.workers as usize + 1;
+    let mut s = format!(
+        "\n## Steps, measured vs simulated\n\nPer mode and load, median over repeats: the share of the run during which 0, 1, ..., {} compute steps were running (measured from `timed.jsonl`, simulated from `simulated-timed.jsonl` beside it, the headline profile's), and per kind the steps' summed time, simulated over measured (waiting for a core included), with the decode iterations and their mean batch on both sides. Where the simulated run differs in how busy the cores were or in which kind took the time, the per-request errors above follow from it.\n\n| mode | load | time with 0..{} steps running, measured | simulated | step time sim / meas E/P/D | decode iterations meas / sim | decode batch meas / sim |\n|---|---|---|---|---|---|---|\n",
+        st.workers, st.workers
+    );
+    let mut keys: Vec<(String, u64)> = Vec::new();
+    for r in &st.runs {
+        let k = (r.mode.clone(), (r.load * 1000.0) as u64);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    for (mode, load) in keys {
+        let rs: Vec<&StudyRun> = st
+            .runs
+            .iter()
+            .filter(|r| r.mode == mode && (r.load * 1000.0) as u64 == load)
+            .collect();
+        let med = |f: &dyn Fn(&StudyRun) -> f64| median(rs.iter().map(|r| f(r)).collect());
+        let num = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
+        let busy = |f: &dyn Fn(&StudyRun) -> &StepTotals| {
+            (0..levels)
+                .map(|k| num(med(&|r| f(r).busy.get(k).copied().unwrap_or(0.0)), 2))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        let ratio = (0..3)
+            .map(|k| {
+                let ratios = rs
+                    .iter()
+                    .filter(|r| r.steps_measured.seconds[k] > 0.0)
+                    .map(|r| r.steps_simulated.seconds[k] / r.steps_measured.seconds[k]);
+                num(median(ratios.collect()), 2)
+            })
+            .collect::<Vec<_>>()
+            .join(" / ");
+        s.push_str(&format!(
+            "| {mode} | {:.0}% | {} | {} | {ratio} | {} / {} | {} / {} |\n",
+            load as f64 / 10.0,
+            busy(&|r| &r.steps_measured),
+            busy(&|r| &r.steps_simulated),
+            num(med(&|r| r.steps_measured.steps[2] as f64), 0),
+            num(med(&|r| r.steps_simulated.steps[2] as f64), 0),
+            num(med(&|r| r.steps_measured.mean_batch[2]), 2),
+            num(med(&|r| r.steps_simulated.mean_batch[2]), 2),
         ));
     }
     s
@@ -1344,6 +1655,7 @@ pub fn report(st: &Study) -> String {
         ));
     }
     s.push_str("\nAt light load the throughput is the offered rate on both sides; it tests nothing there.\n");
+    s.push_str(&steps_markdown(st));
     s.push_str("\n## Per run, every metric\n\n");
     for r in &st.runs {
         s.push_str(&r.comparison.markdown(&format!(
@@ -1376,6 +1688,69 @@ mod tests {
             measured_ns,
             waited_ns: 0,
         }
+    }
+
+    /// The oversubscribed factors: per kind, the all-busy median over processor sharing's
+    /// stretch times the alone factor; a kind with too few all-busy steps keeps 1; none
+    /// when the workers do not outnumber the cores.
+    #[test]
+    fn oversubscribed_factors_divide_out_sharing_and_the_alone_factor() {
+        let all = [
+            vec![1.98, 1.0, 1.98, 9.0, 1.98],
+            vec![1.5; MIN_ALONE_STEPS - 1],
+            vec![3.0, 3.3, 2.7, 3.0, 3.0, 3.0],
+        ];
+        let alone = StepScale {
+            encode: 1.1,
+            prefill: 1.0,
+            decode: 1.0,
+        };
+        let (f, n) = oversubscribed_factors(&all, 3, 2.0, alone);
+        let f = f.expect("three workers on two cores").as_array();
+        assert_eq!(n, [5, MIN_ALONE_STEPS - 1, 6]);
+        for (a, b) in f.iter().zip([1.98 / (1.5 * 1.1), 1.0, 2.0]) {
+            assert!((a - b).abs() < 1e-12, "{f:?}");
+        }
+        assert_eq!(oversubscribed_factors(&all, 2, 2.0, alone).0, None);
+    }
+
+    /// Step totals: the share of the span at each number of steps running (back-to-back
+    /// steps do not overlap, a gap counts as 0), and per kind the count, summed spans and
+    /// mean batch; transfers are not steps.
+    #[test]
+    fn step_totals_add_up_the_steps_and_how_many_ran_at_once() {
+        use crate::backend::{Step, Timed, Work};
+        let steps = vec![
+            step(
+                0,
+                10,
+                Step::Encode {
+                    tokens: vec![64],
+                    contents: vec![1],
+                },
+            ),
+            step(5, 10, decode(2)),
+            Timed {
+                worker: 3,
+                what: Work::Fingerprint { bytes: 9 },
+                start_ns: 0,
+                measured_ns: 40,
+                waited_ns: 0,
+            },
+            step(20, 10, Step::Prefill(vec![(8, 0), (8, 4)])),
+            step(30, 5, decode(4)),
+        ];
+        let t = step_totals(&steps);
+        // Span 0..35: 0 running over 15..20, 1 over 0..5, 10..15, 20..35, 2 over 5..10.
+        let want = [5.0 / 35.0, 25.0 / 35.0, 5.0 / 35.0];
+        assert_eq!(t.busy.len(), 3, "{t:?}");
+        for (a, b) in t.busy.iter().zip(want) {
+            assert!((a - b).abs() < 1e-12, "{t:?}");
+        }
+        assert_eq!(t.steps, [1, 1, 2]);
+        assert_eq!(t.seconds, [10e-9, 10e-9, 15e-9]);
+        assert_eq!(t.mean_batch, [1.0, 2.0, 3.0]);
+        assert_eq!(step_totals(&[]), StepTotals::default());
     }
 
     fn decode(batch: u32) -> crate::backend::Step {

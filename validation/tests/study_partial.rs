@@ -66,11 +66,11 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
     );
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("**Partial: 3 of 4 runs**"), "{report}");
-    // The summary has one row per mode and load, over its runs of every round (and the
-    // per-run table one row per run).
+    // The summary and the steps table have one row per mode and load, over its runs of
+    // every round (and the per-run table one row per run).
     assert!(report.contains("| B3 | 30% | 2 |"), "{report}");
     assert!(report.contains("| B3 | 60% | 1 |"), "{report}");
-    assert_eq!(report.matches("| B3 | 30% |").count(), 3, "{report}");
+    assert_eq!(report.matches("| B3 | 30% |").count(), 4, "{report}");
     assert!(
         report.contains("Compute operators timed interleaved"),
         "{report}"
@@ -95,6 +95,36 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
     let measured = cap["measured_rps"].as_f64().unwrap();
     assert!(measured > 0.0 && cap["simulated_rps"].as_f64().unwrap() > 0.0);
     assert!(out.join("capacity-B3").join("timed.jsonl").exists());
+    // The burst priced again with each round's calibrated profile, as each round's
+    // calibration ran (two rounds' calibrations in this study).
+    for field in ["calibrated_rps", "alone_calibrated_rps"] {
+        let v = cap[field].as_array().unwrap();
+        assert_eq!(v.len(), 2, "{field}: {cap}");
+        assert!(v.iter().all(|r| r.as_f64().unwrap() > 0.0), "{cap}");
+    }
+    assert!(report.contains("calibrated by round"), "{report}");
+    // Each compared run's simulated steps beside its measured ones.
+    let first = out.join("runs").join("B3-30-0");
+    assert!(
+        first.join("simulated-timed.jsonl").exists(),
+        "{}",
+        first.display()
+    );
+    assert!(
+        report.contains("## Steps, measured vs simulated"),
+        "{report}"
+    );
+    let busy = json["runs"][0]["steps_measured"]["busy"]
+        .as_array()
+        .unwrap();
+    let total: f64 = busy.iter().map(|v| v.as_f64().unwrap()).sum();
+    assert!((total - 1.0).abs() < 1e-9, "busy shares sum to {total}");
+    assert!(
+        json["runs"][0]["steps_simulated"]["steps"][2]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     let rate = json["runs"][0]["rate"].as_f64().unwrap();
     assert!(
         (rate - 0.3 * measured).abs() <= 1e-9 * rate,
@@ -106,6 +136,7 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
     // The headline is the calibrated profile's; the operator profile alone beside it.
     assert!(json["runs"][0]["comparison"]["ttft"].is_object());
     assert!(json["runs"][0]["operator"]["ttft"].is_object());
+    let workers = json["workers"].as_f64().unwrap();
     for (k, c) in cals.iter().enumerate() {
         assert_eq!(c["round"], k);
         assert_eq!(c["requests"], 6);
@@ -119,6 +150,20 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
                 .join(study::calibrated_profile_name(k as u32)),
         )
         .unwrap();
+        // The oversubscribed factors come from the capacity burst's all-busy steps when
+        // the workers outnumber the cores the profile says they share, and go into the
+        // round's calibrated profile.
+        assert_eq!(
+            cal.oversubscribed.is_some(),
+            cal.shared_cores.is_some_and(|c| workers > c),
+            "round {k}: {:?} shared cores, {workers} workers",
+            cal.shared_cores
+        );
+        assert_eq!(
+            cal.oversubscribed.is_some(),
+            !c["oversubscribed"].is_null(),
+            "round {k}: the profile's oversubscribed factors are study.json's"
+        );
         let f = cal
             .step_scale
             .expect("a calibrated profile has a step_scale");

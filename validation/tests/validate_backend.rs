@@ -20,8 +20,8 @@ use moonagent_core::serve::Mode;
 use moonagent_core::store::Recorded;
 use moonagent_models::{HardwareProfile, ModelSpec, Roofline};
 use moonagent_sim::des::SimConfig;
-use moonagent_validation::backend::{Executor, KvPath, RunOptions};
-use moonagent_validation::compare::{compare, repeat_difference, sim_vs_sim};
+use moonagent_validation::backend::{Executor, KvPath, RunOptions, Step, Timed, Work};
+use moonagent_validation::compare::{compare, repeat_difference, sim_vs_sim, SIM_TIMED};
 use moonagent_validation::compute::CpuCompute;
 use moonagent_validation::exec::ComputeExecutor;
 use moonagent_validation::measure::{engine, mem_store, run_trace};
@@ -156,6 +156,39 @@ fn a_measured_run_replays_to_its_decisions_and_the_fitted_simulator_predicts_it_
     );
     let dh = (c.image_hit_rate.0 - c.image_hit_rate.1).abs();
     assert!(dh <= 0.10, "image hit rate {:?}", c.image_hit_rate);
+    // The simulated steps, as the measured ones are recorded: every kind the run ran, in
+    // start order, on the run's workers; written beside the comparison and read back.
+    let kinds = |ts: &[Timed]| {
+        let mut k: Vec<&str> = ts
+            .iter()
+            .filter_map(|t| match &t.what {
+                Work::Step(Step::Encode { .. }) => Some("encode"),
+                Work::Step(Step::Prefill(_)) => Some("prefill"),
+                Work::Step(Step::Decode { .. }) => Some("decode"),
+                _ => None,
+            })
+            .collect();
+        k.sort_unstable();
+        k.dedup();
+        k
+    };
+    assert_eq!(kinds(&c.sim_steps), kinds(&m.timed), "step kinds");
+    assert!(c
+        .sim_steps
+        .windows(2)
+        .all(|w| w[0].start_ns <= w[1].start_ns));
+    assert!(c
+        .sim_steps
+        .iter()
+        .all(|t| m.timed.iter().any(|x| x.worker == t.worker)));
+    let cdir = dir.join("compare");
+    moonagent_validation::compare::write(&cdir, "test", std::slice::from_ref(&c)).unwrap();
+    let back: Vec<Timed> = std::fs::read_to_string(cdir.join(SIM_TIMED))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(back, c.sim_steps, "simulated-timed.jsonl round trip");
 
     // The study's floors: a run against itself differs by nothing; the simulator against
     // itself differs by nothing with the same profile, and with every step 5% slower

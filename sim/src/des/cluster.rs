@@ -132,6 +132,9 @@ struct SharedCores {
     cores: f64,
     /// Weight of each step kind, `[encode, prefill, decode]`.
     weights: [f64; 3],
+    /// How many times slower than its share each kind advances while more steps run than
+    /// there are cores (the profile's `oversubscribed`; all 1: plain processor sharing).
+    slow: [f64; 3],
     /// `(worker, work left in ns at full speed, kind)`, in start order.
     running: Vec<(u32, f64, usize)>,
     /// The rate of each running step, as of the last change.
@@ -154,6 +157,7 @@ impl SharedCores {
         Self {
             cores,
             weights,
+            slow: [1.0; 3],
             running: Vec::new(),
             rates: Vec::new(),
             wts: Vec::new(),
@@ -168,6 +172,11 @@ impl SharedCores {
         self.wts
             .extend(self.running.iter().map(|r| self.weights[r.2]));
         shared_core_rates(self.cores, &self.wts, &mut self.rates);
+        if self.running.len() as f64 > self.cores {
+            for (rate, r) in self.rates.iter_mut().zip(&self.running) {
+                *rate /= self.slow[r.2];
+            }
+        }
     }
 
     fn advance(&mut self, now: Time) {
@@ -237,6 +246,25 @@ pub struct Simulation<'a> {
     /// Step completions popped after the shared cores' rate changed (not events).
     stale: u64,
     workers: Vec<WorkerRecord>,
+    /// Every compute step, when asked for ([`Simulation::log_steps`]).
+    steps: Option<Vec<StepLog>>,
+    /// Per worker, the index in `steps` of its running step.
+    open: Vec<Option<usize>>,
+}
+
+/// One simulated compute step: what the real backend's `timed.jsonl` records of a measured
+/// one, so the two runs' steps can be set side by side.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepLog {
+    /// The action that started it (an `Encode`, `Prefill` or `Decode`).
+    pub action: Action,
+    /// When it started, ns of simulated time.
+    pub start_ns: Time,
+    /// When it completed (on shared cores: later than `start_ns + priced_ns` while more
+    /// steps ran than there are cores).
+    pub end_ns: Time,
+    /// Its priced time alone, extras included.
+    pub priced_ns: u64,
 }
 
 /// Everything a run reports.
@@ -248,6 +276,9 @@ pub struct Run {
     pub requests: Vec<RequestRecord>,
     /// One record per worker, by id.
     pub workers: Vec<WorkerRecord>,
+    /// Every compute step in start order, if [`Simulation::log_steps`] asked for them
+    /// (else empty).
+    pub steps: Vec<StepLog>,
 }
 
 impl<'a> Simulation<'a> {
@@ -265,7 +296,10 @@ impl<'a> Simulation<'a> {
             .filter_map(|w| engine.role(w).map(|r| WorkerRecord::new(w, r)))
             .collect();
         let weights = hw.core_weights.unwrap_or(CoreWeights::EQUAL).as_array();
-        let cores = hw.shared_cores.map(|c| SharedCores::new(c, weights));
+        let cores = hw.shared_cores.map(|c| SharedCores {
+            slow: hw.oversubscribed.map_or([1.0; 3], |k| k.as_array()),
+            ..SharedCores::new(c, weights)
+        });
         Ok(Self {
             cfg: cfg.clone(),
             trace,
@@ -281,7 +315,15 @@ impl<'a> Simulation<'a> {
             events_by_kind: [0; 6],
             stale: 0,
             workers: records,
+            steps: None,
+            open: vec![None; workers],
         })
+    }
+
+    /// Keep every compute step ([`Run::steps`]); off by default (it clones each action).
+    pub fn log_steps(mut self) -> Self {
+        self.steps = Some(Vec::new());
+        self
     }
 
     /// Run to completion (or the horizon); per-request records in trace order and the summary.
@@ -329,6 +371,11 @@ impl<'a> Simulation<'a> {
                     }
                 }
                 self.events_by_kind[kind(done).1] += 1;
+                if let (Some(steps), Done::Step(w)) = (self.steps.as_mut(), done) {
+                    if let Some(i) = self.open.get_mut(w as usize).and_then(Option::take) {
+                        steps[i].end_ns = t;
+                    }
+                }
                 self.engine.complete(t, done)?;
                 self.execute(t);
             }
@@ -339,6 +386,20 @@ impl<'a> Simulation<'a> {
     /// Price every action the engine decided at `now` and schedule its completion.
     fn execute(&mut self, now: Time) {
         while let Some(a) = self.engine.poll_action() {
+            if let Some(steps) = self.steps.as_mut() {
+                if let Action::Encode { worker, .. }
+                | Action::Prefill { worker, .. }
+                | Action::Decode { worker, .. } = a
+                {
+                    self.open[worker as usize] = Some(steps.len());
+                    steps.push(StepLog {
+                        action: a.clone(),
+                        start_ns: now,
+                        end_ns: now,
+                        priced_ns: 0,
+                    });
+                }
+            }
             match a {
                 Action::Fingerprint { job, pixel_bytes } => {
                     let ns = if pixel_bytes > 0 {
@@ -448,6 +509,11 @@ impl<'a> Simulation<'a> {
     /// A compute step of `dur` ns on `worker` from `now`: on its own device, or on the
     /// shared cores.
     fn step(&mut self, now: Time, worker: u32, dur: u64, kind: usize) {
+        if let Some(steps) = self.steps.as_mut() {
+            if let Some(&Some(i)) = self.open.get(worker as usize) {
+                steps[i].priced_ns = dur;
+            }
+        }
         match self.cores.as_mut() {
             Some(c) => c.start(now, worker, dur, kind),
             None => self.q.push(now + dur, P_STEP, Done::Step(worker)),
@@ -504,6 +570,7 @@ impl<'a> Simulation<'a> {
             summary: s,
             requests: recs,
             workers: self.workers,
+            steps: self.steps.unwrap_or_default(),
         }
     }
 }
@@ -645,5 +712,40 @@ mod tests {
             weighted(2.0, [4.0; 3], &steps),
             finishes(2.0, &steps.map(|(t, w, ns, _)| (t, w, ns)))
         );
+    }
+
+    /// A profile's `oversubscribed` factors slow each kind's share only while more steps
+    /// run than there are cores; with as many steps as cores, or fewer, nothing changes.
+    #[test]
+    fn oversubscribed_steps_run_slower_than_their_share_and_only_then() {
+        let run = |slow: [f64; 3], steps: &[(u64, u32, u64, usize)]| {
+            let mut c = SharedCores {
+                slow,
+                ..SharedCores::new(2.0, [1.0; 3])
+            };
+            let mut out = Vec::new();
+            for &(t, w, ns, k) in steps {
+                c.start(t, w, ns, k);
+            }
+            while let Some((t, w)) = c.schedule().or(c.next) {
+                assert!(c.finish(t, w));
+                out.push((t, w));
+            }
+            out
+        };
+        let three = [
+            (0, 0, 100, K_ENCODE),
+            (0, 1, 100, K_PREFILL),
+            (0, 2, 100, K_DECODE),
+        ];
+        // Three on two cores: 2/3 each, decode at half that. Encode and prefill end at
+        // 150 (100 done); decode has done 50 by then and, alone, runs at full speed.
+        assert_eq!(
+            run([1.0, 1.0, 2.0], &three),
+            vec![(150, 0), (150, 1), (200, 2)]
+        );
+        assert_eq!(run([1.0; 3], &three), vec![(150, 0), (150, 1), (150, 2)]);
+        // Two on two cores are not oversubscribed: the factors do nothing.
+        assert_eq!(run([3.0, 3.0, 3.0], &three[..2]), vec![(100, 0), (100, 1)]);
     }
 }

@@ -6,7 +6,7 @@ pub mod engine;
 pub mod ladder;
 pub mod metrics;
 
-pub use cluster::{simulate, simulate_all, Run, Simulation};
+pub use cluster::{simulate, simulate_all, Run, Simulation, StepLog};
 
 /// Why a simulation could not run.
 #[derive(Debug, thiserror::Error)]

@@ -70,6 +70,32 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// The step an engine action asks a worker to run (`None` for actions that are not
+    /// compute steps): what the backend executes and times, and what the simulator's step
+    /// log is recorded as (one shape for both).
+    pub fn of_action(a: &Action) -> Option<Step> {
+        Some(match a {
+            Action::Encode { tokens, images, .. } => Step::Encode {
+                tokens: tokens.clone(),
+                contents: images.iter().map(|i| i.content).collect(),
+            },
+            Action::Prefill { chunks, .. } => Step::Prefill(chunks.clone()),
+            Action::Decode {
+                batch,
+                ctx_sum,
+                extra,
+                ..
+            } => Step::Decode {
+                batch: *batch,
+                ctx_sum: *ctx_sum,
+                extra: extra.clone(),
+            },
+            _ => return None,
+        })
+    }
+}
+
 /// Which jobs and KV pages a step works on (the engine's `kv_tables`): what lets an
 /// executor keep each sequence's KV in the pages the core's block pool gave it. Kept out
 /// of [`Step`], which is the step's shape (what the measured records keep).
@@ -617,58 +643,21 @@ fn dispatch(
                 .map_err(|_| gone("router"))?;
             1
         }
-        Action::Encode {
-            worker,
-            tokens,
-            images,
-        } => {
-            to_worker(
-                *worker,
-                Step::Encode {
-                    tokens: tokens.clone(),
-                    contents: images.iter().map(|i| i.content).collect(),
-                },
-                StepKv::None,
-            )?;
-            1
-        }
-        Action::Prefill {
-            worker,
-            chunks,
-            jobs,
-        } => {
-            to_worker(
-                *worker,
-                Step::Prefill(chunks.clone()),
-                StepKv::Prefill(jobs.clone()),
-            )?;
-            1
-        }
-        Action::Decode {
-            worker,
-            batch,
-            ctx_sum,
-            extra,
-            seqs,
-            copies,
-        } => {
-            let kv = if seqs.is_empty() && copies.is_empty() {
-                StepKv::None
-            } else {
-                StepKv::Decode {
-                    seqs: seqs.clone(),
-                    copies: copies.clone(),
+        Action::Encode { worker, .. }
+        | Action::Prefill { worker, .. }
+        | Action::Decode { worker, .. } => {
+            let kv = match a {
+                Action::Prefill { jobs, .. } => StepKv::Prefill(jobs.clone()),
+                Action::Decode { seqs, copies, .. } if !(seqs.is_empty() && copies.is_empty()) => {
+                    StepKv::Decode {
+                        seqs: seqs.clone(),
+                        copies: copies.clone(),
+                    }
                 }
+                _ => StepKv::None,
             };
-            to_worker(
-                *worker,
-                Step::Decode {
-                    batch: *batch,
-                    ctx_sum: *ctx_sum,
-                    extra: extra.clone(),
-                },
-                kv,
-            )?;
+            let step = Step::of_action(a).ok_or_else(|| gone("compute step"))?;
+            to_worker(*worker, step, kv)?;
             1
         }
         Action::Transfer {
