@@ -208,6 +208,17 @@ fn bad_config_names_the_field() {
     assert!(toml_err.to_string().contains("encoderz"), "{toml_err}");
 }
 
+/// H200's profile with `shared_cores = cores`, written into `dir`; its path.
+fn cores_profile(dir: &std::path::Path, cores: Option<f64>) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut hw = moonagent_models::HardwareProfile::by_name("h200").unwrap();
+    hw.name = format!("h200-cores-{cores:?}");
+    hw.shared_cores = cores;
+    let p = dir.join(format!("{}.toml", hw.name));
+    std::fs::write(&p, toml::to_string(&hw).unwrap()).unwrap();
+    p.display().to_string()
+}
+
 /// D9: shared cores are processor sharing. With as many cores as workers no step ever
 /// waits, so every record equals the run on devices of their own (the shared-cores event
 /// path changes nothing by itself); with one core for three workers the same decisions
@@ -216,15 +227,7 @@ fn bad_config_names_the_field() {
 #[test]
 fn shared_cores_are_processor_sharing() {
     let dir = std::env::temp_dir().join(format!("moonagent-des-cores-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let profile = |cores: Option<f64>| {
-        let mut hw = moonagent_models::HardwareProfile::by_name("h200").unwrap();
-        hw.name = format!("h200-cores-{cores:?}");
-        hw.shared_cores = cores;
-        let p = dir.join(format!("{}.toml", hw.name));
-        std::fs::write(&p, toml::to_string(&hw).unwrap()).unwrap();
-        p.display().to_string()
-    };
+    let profile = |cores| cores_profile(&dir, cores);
     for (w, rate) in [("w2", 30.0), ("w4", 12.0)] {
         let (trace, bs) = workload(w, 120, rate);
         for mode in [Mode::B0, Mode::B3, Mode::Full] {
@@ -362,15 +365,7 @@ fn the_step_log_is_every_step_that_ran_and_changes_nothing() {
     use moonagent_core::serve::Action;
     use moonagent_sim::des::Simulation;
     let dir = std::env::temp_dir().join(format!("moonagent-des-steplog-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let profile = |cores: Option<f64>| {
-        let mut hw = moonagent_models::HardwareProfile::by_name("h200").unwrap();
-        hw.name = format!("h200-steplog-{cores:?}");
-        hw.shared_cores = cores;
-        let p = dir.join(format!("{}.toml", hw.name));
-        std::fs::write(&p, toml::to_string(&hw).unwrap()).unwrap();
-        p.display().to_string()
-    };
+    let profile = |cores| cores_profile(&dir, cores);
     for (w, rate) in [("w2", 30.0), ("w4", 12.0)] {
         let (trace, bs) = workload(w, 120, rate);
         for mode in [Mode::B0, Mode::B3, Mode::Full] {

@@ -1458,6 +1458,20 @@ fn capacity_markdown(st: &Study) -> String {
     s
 }
 
+/// Each (mode, load in thousandths) of the study once, in the order of its first run (the
+/// rounds interleave them), with its runs.
+fn groups(st: &Study) -> Vec<(String, u64, Vec<&StudyRun>)> {
+    let mut out: Vec<(String, u64, Vec<&StudyRun>)> = Vec::new();
+    for r in &st.runs {
+        let load = (r.load * 1000.0) as u64;
+        match out.iter_mut().find(|g| g.0 == r.mode && g.1 == load) {
+            Some(g) => g.2.push(r),
+            None => out.push((r.mode.clone(), load, vec![r])),
+        }
+    }
+    out
+}
+
 /// The report's steps section: per (mode, load), the measured and the headline-simulated
 /// runs' compute steps added up ([`StepTotals`]), median over repeats.
 fn steps_markdown(st: &Study) -> String {
@@ -1466,19 +1480,7 @@ fn steps_markdown(st: &Study) -> String {
         "\n## Steps, measured vs simulated\n\nPer mode and load, median over repeats: the share of the run during which 0, 1, ..., {} compute steps were running (measured from `timed.jsonl`, simulated from `simulated-timed.jsonl` beside it, the headline profile's), and per kind the steps' summed time, simulated over measured (waiting for a core included), with the decode iterations and their mean batch on both sides. Where the simulated run differs in how busy the cores were or in which kind took the time, the per-request errors above follow from it.\n\n| mode | load | time with 0..{} steps running, measured | simulated | step time sim / meas E/P/D | decode iterations meas / sim | decode batch meas / sim |\n|---|---|---|---|---|---|---|\n",
         st.workers, st.workers
     );
-    let mut keys: Vec<(String, u64)> = Vec::new();
-    for r in &st.runs {
-        let k = (r.mode.clone(), (r.load * 1000.0) as u64);
-        if !keys.contains(&k) {
-            keys.push(k);
-        }
-    }
-    for (mode, load) in keys {
-        let rs: Vec<&StudyRun> = st
-            .runs
-            .iter()
-            .filter(|r| r.mode == mode && (r.load * 1000.0) as u64 == load)
-            .collect();
+    for (mode, load, rs) in groups(st) {
         let med = |f: &dyn Fn(&StudyRun) -> f64| median(rs.iter().map(|r| f(r)).collect());
         let num = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
         let busy = |f: &dyn Fn(&StudyRun) -> &StepTotals| {
@@ -1603,20 +1605,7 @@ pub fn report(st: &Study) -> String {
         ));
     }
     s.push_str(&format!("\n## Per mode and load, median over repeats\n\nRepeat to repeat: the measured runs against each other, request by request (median over pairs of repeats of the TTFT / E2E median abs difference): the machine's own repeatability. A deterministic prediction cannot come much closer to one run than that (were each run its requests' expected times plus independent noise, an exact prediction of the expected times would be off by about 0.7 times the repeat-to-repeat figure). Step error {:.0}%: the simulator against itself with every compute step {:.0}% slower, on the first repeat's arrivals: what a profile that far off does with no other error.{}\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | TTFT / E2E repeat to repeat % | TTFT / E2E from step error % | TTFT / E2E operator profile alone % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", 100.0 * (STEP_ERROR - 1.0), 100.0 * (STEP_ERROR - 1.0), if st.calibrations.is_empty() { "" } else { " The TTFT and E2E errors are the round's calibrated profile's (`profile/profile-calibrated-<round>.toml`); operator profile alone: the same runs simulated with `profile/profile.toml`." }));
-    // Each (mode, load) once, in the order of its first run (the rounds interleave them).
-    let mut keys: Vec<(String, u64)> = Vec::new();
-    for r in &st.runs {
-        let k = (r.mode.clone(), (r.load * 1000.0) as u64);
-        if !keys.contains(&k) {
-            keys.push(k);
-        }
-    }
-    for (mode, load) in keys {
-        let rs: Vec<&StudyRun> = st
-            .runs
-            .iter()
-            .filter(|r| r.mode == mode && (r.load * 1000.0) as u64 == load)
-            .collect();
+    for (mode, load, rs) in groups(st) {
         let med = |f: &dyn Fn(&StudyRun) -> f64| {
             let mut v: Vec<f64> = rs.iter().map(|r| f(r)).collect();
             v.sort_by(f64::total_cmp);
