@@ -891,7 +891,7 @@ pub fn run_study(
                     100.0 * plan.load,
                     plan.requests
                 ));
-                let c = calibration_run(
+                let mut c = calibration_run(
                     &plan,
                     k,
                     cfg,
@@ -902,7 +902,6 @@ pub fn run_study(
                     stores,
                     out,
                 )?;
-                let mut c = c;
                 // Steps with every worker busy in the capacity bursts, pooled over modes:
                 // how much slower than processor sharing and the alone factors predict.
                 let mut pooled: [Vec<f64>; 3] = Default::default();
@@ -933,13 +932,14 @@ pub fn run_study(
                 study.calibrations.push(c);
                 // The bursts again, priced with this round's factors, and with its
                 // alone factors only.
-                let alone_p = match study.capacity_runs.is_empty() {
-                    true => String::new(),
-                    false => write_hardware(
+                let alone_p = if study.capacity_runs.is_empty() {
+                    String::new()
+                } else {
+                    write_hardware(
                         &out.join("profile")
                             .join(format!("profile-calibrated-{k}-alone-factors.toml")),
                         &alone_hw,
-                    )?,
+                    )?
                 };
                 for c in &mut study.capacity_runs {
                     let (mcfg, trace, bs) = &c.burst;
