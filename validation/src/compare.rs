@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use moonagent_core::serve::toy::{replay_inputs, Input};
-use moonagent_core::serve::{Action, RequestRecord, NONE};
+use moonagent_core::serve::{RequestRecord, NONE};
 use moonagent_sim::des::{simulate, SimConfig, SimError, Simulation, StepLog, Summary};
 use moonagent_sim::plot::{sim_vs_measured, Pairs};
 use moonagent_sim::table::{Column, Table};
@@ -140,16 +140,11 @@ pub fn sim_timed(steps: &[StepLog]) -> Vec<Timed> {
     steps
         .iter()
         .filter_map(|s| {
-            let (Action::Encode { worker, .. }
-            | Action::Prefill { worker, .. }
-            | Action::Decode { worker, .. }) = &s.action
-            else {
-                return None;
-            };
+            let (worker, step) = Step::of_action(&s.action)?;
             let span = s.end_ns.saturating_sub(s.start_ns);
             Some(Timed {
-                worker: *worker,
-                what: Work::Step(Step::of_action(&s.action)?),
+                worker,
+                what: Work::Step(step),
                 start_ns: s.start_ns,
                 measured_ns: span,
                 waited_ns: span.saturating_sub(s.priced_ns),

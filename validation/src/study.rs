@@ -343,17 +343,7 @@ pub fn contended_stretch(
     spec: &ModelSpec,
     workers: usize,
 ) -> Result<[Option<f64>; 3], MeasureError> {
-    let full = workers as f64 - (ALONE_BUSY - 1.0);
-    let mut alone: [Vec<f64>; 3] = Default::default();
-    let mut all: [Vec<f64>; 3] = Default::default();
-    for (k, busy, ratio) in busy_ratios(timed, hw, spec)? {
-        if busy <= ALONE_BUSY {
-            alone[k].extend(ratio);
-        }
-        if busy >= full {
-            all[k].extend(ratio);
-        }
-    }
+    let [alone, all] = alone_and_all_busy(timed, hw, spec, workers)?;
     let mut out = [None; 3];
     for (k, (a, b)) in alone.into_iter().zip(all).enumerate() {
         if a.len() >= MIN_ALONE_STEPS && b.len() >= MIN_ALONE_STEPS {
@@ -374,15 +364,35 @@ pub fn all_busy_ratios(
     spec: &ModelSpec,
     workers: usize,
 ) -> Result<[Vec<f64>; 3], MeasureError> {
+    let [_, all] = alone_and_all_busy(timed, hw, spec, workers)?;
+    Ok(all)
+}
+
+/// Per kind, the measured / profiled (`hw`) times of the steps of `timed` that ran alone
+/// (mean concurrency at most [`ALONE_BUSY`]) and of those that ran while all `workers` had
+/// a step running (at least `workers` less the same slack).
+fn alone_and_all_busy(
+    timed: &[crate::backend::Timed],
+    hw: &HardwareProfile,
+    spec: &ModelSpec,
+    workers: usize,
+) -> Result<[KindRatios; 2], MeasureError> {
     let full = workers as f64 - (ALONE_BUSY - 1.0);
+    let mut alone: [Vec<f64>; 3] = Default::default();
     let mut all: [Vec<f64>; 3] = Default::default();
     for (k, busy, ratio) in busy_ratios(timed, hw, spec)? {
+        if busy <= ALONE_BUSY {
+            alone[k].extend(ratio);
+        }
         if busy >= full {
             all[k].extend(ratio);
         }
     }
-    Ok(all)
+    Ok([alone, all])
 }
+
+/// Measured / profiled times, per kind `[encode, prefill, decode]`.
+type KindRatios = [Vec<f64>; 3];
 
 /// The profile's `oversubscribed` factors: per kind, the median measured / profiled time
 /// of the steps that ran with every worker busy (`all_busy`, pooled over the capacity
@@ -1606,10 +1616,9 @@ pub fn report(st: &Study) -> String {
     }
     s.push_str(&format!("\n## Per mode and load, median over repeats\n\nRepeat to repeat: the measured runs against each other, request by request (median over pairs of repeats of the TTFT / E2E median abs difference): the machine's own repeatability. A deterministic prediction cannot come much closer to one run than that (were each run its requests' expected times plus independent noise, an exact prediction of the expected times would be off by about 0.7 times the repeat-to-repeat figure). Step error {:.0}%: the simulator against itself with every compute step {:.0}% slower, on the first repeat's arrivals: what a profile that far off does with no other error.{}\n\n| mode | load | runs | TTFT median abs err % | E2E median abs err % | TTFT / E2E repeat to repeat % | TTFT / E2E from step error % | TTFT / E2E operator profile alone % | throughput err % | image hit diff pt | KV hit diff pt | step stretch E/P/D |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", 100.0 * (STEP_ERROR - 1.0), 100.0 * (STEP_ERROR - 1.0), if st.calibrations.is_empty() { "" } else { " The TTFT and E2E errors are the round's calibrated profile's (`profile/profile-calibrated-<round>.toml`); operator profile alone: the same runs simulated with `profile/profile.toml`." }));
     for (mode, load, rs) in groups(st) {
+        // A group has at least one run.
         let med = |f: &dyn Fn(&StudyRun) -> f64| {
-            let mut v: Vec<f64> = rs.iter().map(|r| f(r)).collect();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
+            median(rs.iter().map(|r| f(r)).collect()).unwrap_or(f64::NAN)
         };
 
         let floor = st

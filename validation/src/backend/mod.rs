@@ -71,26 +71,37 @@ pub enum Step {
 }
 
 impl Step {
-    /// The step an engine action asks a worker to run (`None` for actions that are not
-    /// compute steps): what the backend executes and times, and what the simulator's step
-    /// log is recorded as (one shape for both).
-    pub fn of_action(a: &Action) -> Option<Step> {
+    /// The worker an engine action asks to run a step, and the step (`None` for actions
+    /// that are not compute steps): what the backend executes and times, and what the
+    /// simulator's step log is recorded as (one shape for both).
+    pub fn of_action(a: &Action) -> Option<(WorkerId, Step)> {
         Some(match a {
-            Action::Encode { tokens, images, .. } => Step::Encode {
-                tokens: tokens.clone(),
-                contents: images.iter().map(|i| i.content).collect(),
-            },
-            Action::Prefill { chunks, .. } => Step::Prefill(chunks.clone()),
+            Action::Encode {
+                worker,
+                tokens,
+                images,
+            } => (
+                *worker,
+                Step::Encode {
+                    tokens: tokens.clone(),
+                    contents: images.iter().map(|i| i.content).collect(),
+                },
+            ),
+            Action::Prefill { worker, chunks, .. } => (*worker, Step::Prefill(chunks.clone())),
             Action::Decode {
+                worker,
                 batch,
                 ctx_sum,
                 extra,
                 ..
-            } => Step::Decode {
-                batch: *batch,
-                ctx_sum: *ctx_sum,
-                extra: extra.clone(),
-            },
+            } => (
+                *worker,
+                Step::Decode {
+                    batch: *batch,
+                    ctx_sum: *ctx_sum,
+                    extra: extra.clone(),
+                },
+            ),
             _ => return None,
         })
     }
@@ -643,9 +654,7 @@ fn dispatch(
                 .map_err(|_| gone("router"))?;
             1
         }
-        Action::Encode { worker, .. }
-        | Action::Prefill { worker, .. }
-        | Action::Decode { worker, .. } => {
+        Action::Encode { .. } | Action::Prefill { .. } | Action::Decode { .. } => {
             let kv = match a {
                 Action::Prefill { jobs, .. } => StepKv::Prefill(jobs.clone()),
                 Action::Decode { seqs, copies, .. } if !(seqs.is_empty() && copies.is_empty()) => {
@@ -656,8 +665,8 @@ fn dispatch(
                 }
                 _ => StepKv::None,
             };
-            let step = Step::of_action(a).ok_or_else(|| gone("compute step"))?;
-            to_worker(*worker, step, kv)?;
+            let (worker, step) = Step::of_action(a).ok_or_else(|| gone("compute step"))?;
+            to_worker(worker, step, kv)?;
             1
         }
         Action::Transfer {
