@@ -1,7 +1,8 @@
 //! `moonagent validate run` then `validate compare` on its folder: the comparison, the
 //! simulated steps written beside it in the run's `timed.jsonl` shape, and the measured and
 //! simulated steps side by side in `compare.md`; a trace that is not the run's and a
-//! corrupt `timed.jsonl` are clear errors naming what to fix.
+//! corrupt `timed.jsonl` are clear errors naming what to fix (and leave no partial
+//! `compare.md`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -111,5 +112,7 @@ fn compare_writes_the_simulated_steps_beside_the_measured_ones() {
     assert!(!err.contains("panicked"), "{err}");
     let n = std::fs::read_to_string(&timed).unwrap().lines().count();
     assert!(err.contains(&format!("timed.jsonl:{n}")), "{err}");
+    // Read before anything is written: no comparison without its steps table.
+    assert!(!dir.join("corrupt").join("compare.md").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

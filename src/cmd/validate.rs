@@ -645,15 +645,10 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
                 trace.len()
             )
         })?;
-    moonagent_validation::compare::write(
-        &a.out,
-        "simulated vs measured",
-        std::slice::from_ref(&c),
-    )?;
     println!("{}", c.markdown("simulated vs measured"));
     // The steps side by side, when the run folder has its measured steps.
     let timed = a.run.join("timed.jsonl");
-    if timed.exists() {
+    let steps_md = if timed.exists() {
         let steps: Vec<moonagent_validation::backend::Timed> = read_lines(
             &timed,
             "a timed record {worker, what, start_ns, measured_ns}",
@@ -663,14 +658,16 @@ fn compare_cmd(a: CompareArgs) -> Result<()> {
             &study::step_totals(&c.sim_steps),
         );
         println!("{md}");
-        let p = a.out.join("compare.md");
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&p)
-            .with_context(|| format!("appending to {}", p.display()))?;
-        std::io::Write::write_all(&mut f, format!("\n{md}").as_bytes())
-            .with_context(|| format!("appending to {}", p.display()))?;
-    }
+        md
+    } else {
+        String::new()
+    };
+    moonagent_validation::compare::write(
+        &a.out,
+        "simulated vs measured",
+        std::slice::from_ref(&c),
+        &steps_md,
+    )?;
     eprintln!("wrote {}", a.out.display());
     Ok(())
 }

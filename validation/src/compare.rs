@@ -348,13 +348,23 @@ impl Comparison {
     }
 }
 
-/// Write `compare.md`, `compare.json` and `compare.parquet` (every comparison's pairs)
-/// into `dir`, and each comparison's simulated steps as `simulated-timed.jsonl`
-/// (`simulated-timed-<i>.jsonl` for the i-th of several).
-pub fn write(dir: &Path, title: &str, cs: &[Comparison]) -> Result<(), MeasureError> {
+/// Write `compare.md` (each comparison's report, then `appendix` when it is not empty),
+/// `compare.json` and `compare.parquet` (every comparison's pairs) into `dir`, and each
+/// comparison's simulated steps as `simulated-timed.jsonl` (`simulated-timed-<i>.jsonl`
+/// for the i-th of several).
+pub fn write(
+    dir: &Path,
+    title: &str,
+    cs: &[Comparison],
+    appendix: &str,
+) -> Result<(), MeasureError> {
     let file = |path: &Path, e: &dyn std::fmt::Display| MeasureError::writing(path, e);
     std::fs::create_dir_all(dir).map_err(|e| file(dir, &e))?;
-    let md: String = cs.iter().map(|c| c.markdown(title) + "\n").collect();
+    let mut md: String = cs.iter().map(|c| c.markdown(title) + "\n").collect();
+    if !appendix.is_empty() {
+        md.push('\n');
+        md.push_str(appendix);
+    }
     let p = dir.join("compare.md");
     std::fs::write(&p, md).map_err(|e| file(&p, &e))?;
     let p = dir.join("compare.json");

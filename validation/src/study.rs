@@ -1058,7 +1058,7 @@ pub fn run_study(
         });
     }
     let cs: Vec<Comparison> = study.runs.iter().map(|r| r.comparison.clone()).collect();
-    crate::compare::write(out, "simulated vs measured", &cs)?;
+    crate::compare::write(out, "simulated vs measured", &cs, "")?;
     write_report(out, &study)?;
     Ok(study)
 }

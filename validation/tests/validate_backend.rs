@@ -182,7 +182,7 @@ fn a_measured_run_replays_to_its_decisions_and_the_fitted_simulator_predicts_it_
         .iter()
         .all(|t| m.timed.iter().any(|x| x.worker == t.worker)));
     let cdir = dir.join("compare");
-    moonagent_validation::compare::write(&cdir, "test", std::slice::from_ref(&c)).unwrap();
+    moonagent_validation::compare::write(&cdir, "test", std::slice::from_ref(&c), "").unwrap();
     let back: Vec<Timed> = std::fs::read_to_string(cdir.join(SIM_TIMED))
         .unwrap()
         .lines()
