@@ -287,6 +287,22 @@ impl CostModel {
         }
     }
 
+    /// The KV share of the bytes a decode iteration of `batch` sequences with
+    /// `context_tokens` in total reads: KV bytes over weights plus KV (0 for an empty
+    /// batch). What [`crate::DecodeContention::kv`] scales.
+    pub fn decode_kv_share(&self, batch: u32, context_tokens: u64) -> f64 {
+        if batch == 0 {
+            return 0.0;
+        }
+        let kv = (context_tokens as f64 + f64::from(batch)) * self.kv_bytes_per_token;
+        let all = self.llm_weight_bytes + kv;
+        if all > 0.0 {
+            kv / all
+        } else {
+            0.0
+        }
+    }
+
     /// Time of one decode iteration for `batch` sequences with `context_tokens` in total, ns.
     #[inline]
     pub fn decode_iter_time_ns(&self, batch: u32, context_tokens: u64) -> u64 {

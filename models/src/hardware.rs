@@ -94,6 +94,37 @@ pub struct HardwareProfile {
     /// processor sharing). Requires `shared_cores`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oversubscribed: Option<StepScale>,
+    /// While more compute steps run than `shared_cores`, a decode iteration advances
+    /// `1 + kv * s + encoder * e` times slower than its processor share (on top of
+    /// `step_scale`), where `s` is the KV share of the bytes it reads (the cost model's
+    /// KV bytes over weights plus KV) and `e` the number of encoder batches running beside
+    /// it: on a host, all workers' LLM steps share one copy of the weights in the caches,
+    /// while each sequence's KV is its own and an encoder's weights displace the LLM's.
+    /// When present it replaces `oversubscribed.decode`. `moonagent validate all` fits it
+    /// on its capacity bursts. Absent: decode takes `oversubscribed.decode`. Requires
+    /// `shared_cores`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_contention: Option<DecodeContention>,
+}
+
+/// [`HardwareProfile::decode_contention`]: how much slower than its processor share an
+/// oversubscribed decode iteration runs, per unit of KV share and per encoder batch beside.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeContention {
+    /// Loss per unit of the iteration's KV share of its bytes (0 to 1).
+    pub kv: f64,
+    /// Loss per encoder batch running beside it.
+    pub encoder: f64,
+}
+
+impl DecodeContention {
+    /// The factor a decode iteration with KV share `kv_share` runs slower by while
+    /// `encoders` encoder batches run beside it.
+    #[inline]
+    pub fn slow(&self, kv_share: f64, encoders: usize) -> f64 {
+        1.0 + self.kv * kv_share + self.encoder * encoders as f64
+    }
 }
 
 /// Per compute step kind, the factor [`HardwareProfile::step_scale`] multiplies its time
@@ -570,6 +601,25 @@ impl HardwareProfile {
             check_positive("oversubscribed.encode", k.encode)?;
             check_positive("oversubscribed.prefill", k.prefill)?;
             check_positive("oversubscribed.decode", k.decode)?;
+        }
+        if let Some(c) = self.decode_contention {
+            if self.shared_cores.is_none() {
+                return Err(FieldError::new(
+                    "decode_contention",
+                    "expected together with shared_cores (it slows steps sharing them)",
+                ));
+            }
+            for (field, v) in [
+                ("decode_contention.kv", c.kv),
+                ("decode_contention.encoder", c.encoder),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(FieldError::new(
+                        field,
+                        format!("expected a finite number >= 0, got {v}"),
+                    ));
+                }
+            }
         }
         Ok(())
     }

@@ -39,8 +39,8 @@ pub use cost::{
 };
 pub use error::ModelError;
 pub use hardware::{
-    shared_core_rates, CoreWeights, Efficiency, Flow, HardwareProfile, Host, Link, LinkKind, Links,
-    Overheads, Roofline, Rooflines, StepScale,
+    shared_core_rates, CoreWeights, DecodeContention, Efficiency, Flow, HardwareProfile, Host,
+    Link, LinkKind, Links, Overheads, Roofline, Rooflines, StepScale,
 };
 pub use model::{Dtype, LlmSpec, ModelSpec, VisionSpec};
 

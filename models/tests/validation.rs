@@ -344,6 +344,45 @@ fn oversubscribed_needs_shared_cores_and_positive_factors() {
     assert!(!none.to_toml_string().unwrap().contains("oversubscribed"));
 }
 
+/// `decode_contention` slows decode iterations sharing cores, so it needs
+/// `shared_cores`, and two finite coefficients >= 0 (0 is no loss); the cost model's KV
+/// share it scales runs from 0 (no context) toward 1.
+#[test]
+fn decode_contention_needs_shared_cores_and_coefficients_of_zero_or_more() {
+    let with = |shared: &str, table: &str| format!("{shared}{CPU}\n[decode_contention]\n{table}");
+    let (yes, no) = ("shared_cores = 2.0\n", "");
+    assert_invalid(
+        &hw_err(&with(no, "kv = 0.5\nencoder = 0.2")),
+        "decode_contention",
+    );
+    assert_invalid(
+        &hw_err(&with(yes, "kv = 0.5\nencoder = -0.2")),
+        "decode_contention.encoder",
+    );
+    assert_invalid(
+        &hw_err(&with(yes, "kv = nan\nencoder = 0.2")),
+        "decode_contention.kv",
+    );
+    assert_parse(&hw_err(&with(yes, "kv = 0.5")), &["encoder"]);
+    let ok = HardwareProfile::from_toml_str(&with(yes, "kv = 0.0\nencoder = 0.25"), "test.toml")
+        .expect("valid");
+    let c = ok.decode_contention.expect("set");
+    assert_eq!(c.slow(0.5, 2), 1.5);
+    let back = HardwareProfile::from_toml_str(&ok.to_toml_string().unwrap(), "back.toml")
+        .expect("round trip");
+    assert_eq!(back.decode_contention, ok.decode_contention);
+    let none = HardwareProfile::from_toml_str(&format!("{yes}{CPU}"), "t.toml").unwrap();
+    assert!(!none.to_toml_string().unwrap().contains("decode_contention"));
+    let spec = moonagent_models::ModelSpec::resolve("qwen2.5-vl-tiny").unwrap();
+    let cost = moonagent_models::CostModel::new(&ok, &spec, 1).unwrap();
+    assert_eq!(cost.decode_kv_share(0, 100), 0.0);
+    let (short, long) = (
+        cost.decode_kv_share(1, 100),
+        cost.decode_kv_share(8, 100_000),
+    );
+    assert!(0.0 < short && short < long && long < 1.0, "{short} {long}");
+}
+
 #[test]
 fn a_step_scale_needs_three_positive_factors() {
     let with = |table: &str| format!("{CPU}\n[step_scale]\n{table}");

@@ -15,7 +15,8 @@
 use moonagent_core::serve::{Action, Done, Engine, EngineConfig, Extra, Flow, Payloads, Pricing};
 use moonagent_core::store::{MemStore, StoreKey};
 use moonagent_models::{
-    shared_core_rates, CoreWeights, CostModel, HardwareProfile, Link, LinkKind, ModelSpec,
+    shared_core_rates, CoreWeights, CostModel, DecodeContention, HardwareProfile, Link, LinkKind,
+    ModelSpec,
 };
 use moonagent_traces::schema::Request;
 
@@ -135,8 +136,12 @@ struct SharedCores {
     /// How many times slower than its share each kind advances while more steps run than
     /// there are cores (the profile's `oversubscribed`; all 1: plain processor sharing).
     slow: [f64; 3],
-    /// `(worker, work left in ns at full speed, kind)`, in start order.
-    running: Vec<(u32, f64, usize)>,
+    /// The profile's `decode_contention`: when set, a decode iteration's factor while
+    /// oversubscribed is its own (KV share, encoder batches beside), not `slow`'s.
+    contention: Option<DecodeContention>,
+    /// `(worker, work left in ns at full speed, kind, KV share of a decode iteration's
+    /// bytes (0 for other steps))`, in start order.
+    running: Vec<(u32, f64, usize, f64)>,
     /// The rate of each running step, as of the last change.
     rates: Vec<f64>,
     /// The weight of each running step (scratch for [`SharedCores::rerate`]).
@@ -158,6 +163,7 @@ impl SharedCores {
             cores,
             weights,
             slow: [1.0; 3],
+            contention: None,
             running: Vec::new(),
             rates: Vec::new(),
             wts: Vec::new(),
@@ -173,8 +179,12 @@ impl SharedCores {
             .extend(self.running.iter().map(|r| self.weights[r.2]));
         shared_core_rates(self.cores, &self.wts, &mut self.rates);
         if self.running.len() as f64 > self.cores {
+            let encoders = self.running.iter().filter(|r| r.2 == K_ENCODE).count();
             for (rate, r) in self.rates.iter_mut().zip(&self.running) {
-                *rate /= self.slow[r.2];
+                *rate /= match self.contention {
+                    Some(c) if r.2 == K_DECODE => c.slow(r.3, encoders),
+                    _ => self.slow[r.2],
+                };
             }
         }
     }
@@ -187,9 +197,9 @@ impl SharedCores {
         self.at = now;
     }
 
-    fn start(&mut self, now: Time, worker: u32, ns: u64, kind: usize) {
+    fn start(&mut self, now: Time, worker: u32, ns: u64, kind: usize, kv_share: f64) {
         self.advance(now);
-        self.running.push((worker, ns as f64, kind));
+        self.running.push((worker, ns as f64, kind, kv_share));
         self.rerate();
     }
 
@@ -203,7 +213,7 @@ impl SharedCores {
             .iter()
             .zip(&self.rates)
             .enumerate()
-            .map(|(i, (&(w, left, _), &rate))| (at + (left.max(0.0) / rate).ceil() as u64, i, w))
+            .map(|(i, (&(w, left, _, _), &rate))| (at + (left.max(0.0) / rate).ceil() as u64, i, w))
             .min()
             .map(|(t, _, w)| (t, w));
         if next == self.next {
@@ -298,6 +308,7 @@ impl<'a> Simulation<'a> {
         let weights = hw.core_weights.unwrap_or(CoreWeights::EQUAL).as_array();
         let cores = hw.shared_cores.map(|c| SharedCores {
             slow: hw.oversubscribed.map_or([1.0; 3], |k| k.as_array()),
+            contention: hw.decode_contention,
             ..SharedCores::new(c, weights)
         });
         Ok(Self {
@@ -415,14 +426,14 @@ impl<'a> Simulation<'a> {
                     let w = &mut self.workers[worker as usize];
                     w.encode_steps += 1;
                     w.encode_ns += dur;
-                    self.step(now, worker, dur, K_ENCODE);
+                    self.step(now, worker, dur, K_ENCODE, 0.0);
                 }
                 Action::Prefill { worker, chunks, .. } => {
                     let dur = self.cost.prefill_batch_time_ns(&chunks);
                     let w = &mut self.workers[worker as usize];
                     w.prefill_steps += 1;
                     w.prefill_ns += dur;
-                    self.step(now, worker, dur, K_PREFILL);
+                    self.step(now, worker, dur, K_PREFILL, 0.0);
                 }
                 Action::Decode {
                     worker,
@@ -456,7 +467,15 @@ impl<'a> Simulation<'a> {
                     w.decode_steps += 1;
                     w.decode_ns += dur;
                     w.decode_seqs += u64::from(batch);
-                    self.step(now, worker, dur, K_DECODE);
+                    // Only a profile with decode_contention prices by it.
+                    let kv = match &self.cores {
+                        Some(SharedCores {
+                            contention: Some(_),
+                            ..
+                        }) => self.cost.decode_kv_share(batch, ctx_sum),
+                        _ => 0.0,
+                    };
+                    self.step(now, worker, dur, K_DECODE, kv);
                 }
                 Action::Transfer {
                     from,
@@ -508,14 +527,14 @@ impl<'a> Simulation<'a> {
 
     /// A compute step of `dur` ns on `worker` from `now`: on its own device, or on the
     /// shared cores.
-    fn step(&mut self, now: Time, worker: u32, dur: u64, kind: usize) {
+    fn step(&mut self, now: Time, worker: u32, dur: u64, kind: usize, kv_share: f64) {
         if let Some(steps) = self.steps.as_mut() {
             if let Some(&Some(i)) = self.open.get(worker as usize) {
                 steps[i].priced_ns = dur;
             }
         }
         match self.cores.as_mut() {
-            Some(c) => c.start(now, worker, dur, kind),
+            Some(c) => c.start(now, worker, dur, kind, kv_share),
             None => self.q.push(now + dur, P_STEP, Done::Step(worker)),
         }
     }
@@ -591,7 +610,7 @@ pub fn simulate(
 
 #[cfg(test)]
 mod tests {
-    use super::{SharedCores, K_DECODE, K_ENCODE, K_PREFILL};
+    use super::{DecodeContention, SharedCores, K_DECODE, K_ENCODE, K_PREFILL};
 
     /// Run steps `(start, worker, ns)` on `cores` shared cores; their completions in order.
     fn finishes(cores: f64, steps: &[(u64, u32, u64)]) -> Vec<(u64, u32)> {
@@ -618,7 +637,7 @@ mod tests {
             let next = c.next;
             match (steps.get(i), next) {
                 (Some(&(t, w, ns, k)), n) if n.is_none_or(|(tn, _)| t < tn) => {
-                    c.start(t, w, ns, k);
+                    c.start(t, w, ns, k, 0.0);
                     c.schedule();
                     i += 1;
                 }
@@ -661,9 +680,9 @@ mod tests {
     #[test]
     fn a_completion_scheduled_before_the_rate_changed_is_stale() {
         let mut c = SharedCores::new(1.0, [1.0; 3]);
-        c.start(0, 0, 100, K_ENCODE);
+        c.start(0, 0, 100, K_ENCODE, 0.0);
         assert_eq!(c.schedule(), Some((100, 0)));
-        c.start(10, 1, 100, K_ENCODE);
+        c.start(10, 1, 100, K_ENCODE, 0.0);
         // Worker 0 has 90 left at half speed.
         assert_eq!(c.schedule(), Some((190, 0)));
         assert!(!c.finish(100, 0), "the old completion is stale");
@@ -725,7 +744,7 @@ mod tests {
             };
             let mut out = Vec::new();
             for &(t, w, ns, k) in steps {
-                c.start(t, w, ns, k);
+                c.start(t, w, ns, k, 0.0);
             }
             while let Some((t, w)) = c.schedule().or(c.next) {
                 assert!(c.finish(t, w));
@@ -747,5 +766,60 @@ mod tests {
         assert_eq!(run([1.0; 3], &three), vec![(150, 0), (150, 1), (150, 2)]);
         // Two on two cores are not oversubscribed: the factors do nothing.
         assert_eq!(run([3.0, 3.0, 3.0], &three[..2]), vec![(100, 0), (100, 1)]);
+    }
+
+    /// With `decode_contention`, an oversubscribed decode iteration's factor is its own:
+    /// `1 + kv * share + encoder * (encoder batches beside it)`, in place of
+    /// `oversubscribed.decode`; other kinds keep theirs, and nothing changes while the
+    /// steps do not outnumber the cores.
+    #[test]
+    fn decode_contention_prices_each_iteration_by_its_kv_share_and_the_encoders_beside() {
+        let run = |contention: DecodeContention, steps: &[(u64, u32, u64, usize, f64)]| {
+            let mut c = SharedCores {
+                slow: [1.0, 1.0, 5.0],
+                contention: Some(contention),
+                ..SharedCores::new(2.0, [1.0; 3])
+            };
+            let mut out = Vec::new();
+            for &(t, w, ns, k, kv) in steps {
+                c.start(t, w, ns, k, kv);
+            }
+            while let Some((t, w)) = c.schedule().or(c.next) {
+                assert!(c.finish(t, w));
+                out.push((t, w));
+            }
+            out
+        };
+        let c = DecodeContention {
+            kv: 2.0,
+            encoder: 0.5,
+        };
+        // Encode, prefill and a decode of KV share 0.25 on two cores: 2/3 each, decode
+        // slowed by 1 + 2 * 0.25 + 0.5 * 1 = 2 (not oversubscribed.decode's 5). At 150
+        // encode and prefill end; decode has done 50 and runs the rest alone.
+        let with_encoder = [
+            (0, 0, 100, K_ENCODE, 0.0),
+            (0, 1, 100, K_PREFILL, 0.0),
+            (0, 2, 100, K_DECODE, 0.25),
+        ];
+        assert_eq!(run(c, &with_encoder), vec![(150, 0), (150, 1), (200, 2)]);
+        // Two prefills beside it instead: no encoder, factor 1.5, so the decode advances
+        // at (2/3) / 1.5; by 150 it has done 66.67 and runs the rest alone: ends at 184
+        // (183.33 rounded up).
+        let no_encoder = [
+            (0, 0, 100, K_PREFILL, 0.0),
+            (0, 1, 100, K_PREFILL, 0.0),
+            (0, 2, 100, K_DECODE, 0.25),
+        ];
+        assert_eq!(run(c, &no_encoder), vec![(150, 0), (150, 1), (184, 2)]);
+        // KV share 0 and no encoder: plain processor sharing for the decode.
+        let plain = [
+            (0, 0, 100, K_PREFILL, 0.0),
+            (0, 1, 100, K_PREFILL, 0.0),
+            (0, 2, 100, K_DECODE, 0.0),
+        ];
+        assert_eq!(run(c, &plain), vec![(150, 0), (150, 1), (150, 2)]);
+        // Not oversubscribed: nothing slows.
+        assert_eq!(run(c, &with_encoder[1..]), vec![(100, 1), (100, 2)]);
     }
 }
