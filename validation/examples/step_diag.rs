@@ -11,7 +11,7 @@
 use moonagent_core::serve::Mode;
 use moonagent_models::{CoreWeights, CostModel, HardwareProfile, ModelSpec};
 use moonagent_validation::backend::{Step, Timed, Work};
-use moonagent_validation::study::{alone_ns, cpu_config, step_concurrency};
+use moonagent_validation::study::{alone_ns, corunners, cpu_config, step_concurrency};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -61,53 +61,4 @@ fn main() {
             w[2]
         );
     }
-}
-
-/// The kind index of a step: 0 encode, 1 prefill, 2 decode.
-fn kind_of(s: &Step) -> usize {
-    match s {
-        Step::Encode { .. } => 0,
-        Step::Prefill(_) => 1,
-        Step::Decode { .. } => 2,
-    }
-}
-
-/// Per step, the time steps of each kind ran on other workers during its span, as a
-/// fraction of the span. A worker's steps do not overlap, so per worker they are in start
-/// order and the ones overlapping a span are found by a binary search and a short walk.
-fn corunners(steps: &[Timed]) -> Vec<[f64; 3]> {
-    let span = |t: &Timed| (t.start_ns, t.start_ns + t.measured_ns);
-    let mut by_worker: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
-    for (i, t) in steps.iter().enumerate() {
-        by_worker.entry(t.worker).or_default().push(i);
-    }
-    for v in by_worker.values_mut() {
-        v.sort_by_key(|&i| steps[i].start_ns);
-    }
-    steps
-        .iter()
-        .map(|t| {
-            let (a0, a1) = span(t);
-            let mut with = [0.0; 3];
-            if a1 == a0 {
-                return with;
-            }
-            for (&w, v) in &by_worker {
-                if w == t.worker {
-                    continue;
-                }
-                let first = v.partition_point(|&j| span(&steps[j]).1 <= a0);
-                for &j in &v[first..] {
-                    let (b0, b1) = span(&steps[j]);
-                    if b0 >= a1 {
-                        break;
-                    }
-                    if let Work::Step(s) = &steps[j].what {
-                        with[kind_of(s)] += (b1.min(a1) - b0.max(a0)) as f64;
-                    }
-                }
-            }
-            with.map(|x| x / (a1 - a0) as f64)
-        })
-        .collect()
 }

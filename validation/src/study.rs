@@ -15,7 +15,9 @@ use std::sync::Arc;
 use moonagent_core::serve::Mode;
 use moonagent_core::store::{MemStoreConfig, Store, SEC};
 use moonagent_models::calibrate::Sample;
-use moonagent_models::{FormFit, Group, HardwareProfile, ModelSpec, Roofline, StepScale};
+use moonagent_models::{
+    DecodeContention, FormFit, Group, HardwareProfile, ModelSpec, Roofline, StepScale,
+};
 use moonagent_sim::des::{simulate, SimConfig};
 use moonagent_traces::gen::workloads::{WorkloadConfig, WorkloadGen};
 use moonagent_traces::schema::Request;
@@ -247,6 +249,10 @@ pub struct CapacityRun {
     /// with every worker busy ([`all_busy_ratios`]).
     #[serde(skip)]
     all_busy: [Vec<f64>; 3],
+    /// The burst's decode iterations that ran with every worker busy
+    /// ([`all_busy_decode`]): what `decode_contention` is fitted on.
+    #[serde(skip)]
+    all_busy_decode: Vec<AllBusyDecode>,
     /// The run's summary.
     pub run: RunSummary,
     /// The burst and the mode's configuration, to simulate it again with each round's
@@ -292,6 +298,10 @@ pub struct Calibration {
     /// The bursts' steps per kind that ran with every worker busy (what those factors are
     /// medians of).
     pub all_busy_steps: [usize; 3],
+    /// The profile's `decode_contention` for the round ([`decode_contention_fit`] of the
+    /// bursts' all-busy decode iterations over this round's alone decode factor); `None`
+    /// where `oversubscribed` is.
+    pub decode_contention: Option<DecodeContention>,
 }
 
 /// Each kind's median measured / profiled time over the steps of `timed` that ran alone
@@ -427,6 +437,145 @@ pub fn oversubscribed_factors(
         }),
         counts,
     )
+}
+
+/// A decode iteration that ran with every worker busy: its measured / profiled time, the
+/// KV share of its bytes (`CostModel::decode_kv_share`) and the encoder batches beside it
+/// (the time other workers ran encoder batches during its span, over the span:
+/// [`corunners`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AllBusyDecode {
+    /// Measured / profiled time.
+    pub ratio: f64,
+    /// KV share of the bytes it read.
+    pub kv_share: f64,
+    /// Encoder batches beside it, time-averaged over its span.
+    pub encoders: f64,
+}
+
+/// The decode iterations of `timed` (without extras) that ran while all `workers` had a
+/// step running, as [`alone_and_all_busy`] counts them, priced by `hw`.
+pub fn all_busy_decode(
+    timed: &[crate::backend::Timed],
+    hw: &HardwareProfile,
+    spec: &ModelSpec,
+    workers: usize,
+) -> Result<Vec<AllBusyDecode>, MeasureError> {
+    use crate::backend::{Step, Work};
+    let full = workers as f64 - (ALONE_BUSY - 1.0);
+    let cost =
+        moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
+    let mut busy = vec![f64::NAN; timed.len()];
+    for (i, b) in step_concurrency(timed) {
+        busy[i] = b;
+    }
+    let beside = corunners(timed);
+    Ok(step_ratios(timed, hw, spec)?
+        .into_iter()
+        .filter_map(|(i, k, ratio)| {
+            let Work::Step(Step::Decode { batch, ctx_sum, .. }) = &timed[i].what else {
+                return None;
+            };
+            (k == 2 && busy[i] >= full).then_some(AllBusyDecode {
+                ratio: ratio?,
+                kv_share: cost.decode_kv_share(*batch, *ctx_sum),
+                encoders: beside[i][0],
+            })
+        })
+        .collect())
+}
+
+/// The profile's `decode_contention`: least squares, without intercept, of each all-busy
+/// decode iteration's loss beyond what the simulator already prices (`ratio / (workers /
+/// cores x alone) - 1`) on its KV share and the encoder batches beside it; a negative
+/// coefficient is set to 0 and the other fitted alone. `None` when the workers do not
+/// outnumber the cores or fewer than [`MIN_ALONE_STEPS`] iterations are given.
+pub fn decode_contention_fit(
+    steps: &[AllBusyDecode],
+    workers: usize,
+    cores: f64,
+    alone: f64,
+) -> Option<DecodeContention> {
+    let share = workers as f64 / cores;
+    if share.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater)
+        || steps.len() < MIN_ALONE_STEPS
+        || alone.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+    {
+        return None;
+    }
+    let (mut saa, mut sbb, mut sab, mut say, mut sby) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for s in steps {
+        let y = s.ratio / (share * alone) - 1.0;
+        let (a, b) = (s.kv_share, s.encoders);
+        saa += a * a;
+        sbb += b * b;
+        sab += a * b;
+        say += a * y;
+        sby += b * y;
+    }
+    let one = |sxy: f64, sxx: f64| if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+    let det = saa * sbb - sab * sab;
+    let (mut kv, mut encoder) = if det > 0.0 {
+        ((say * sbb - sby * sab) / det, (sby * saa - say * sab) / det)
+    } else {
+        (one(say, saa), 0.0)
+    };
+    if kv < 0.0 {
+        (kv, encoder) = (0.0, one(sby, sbb));
+    } else if encoder < 0.0 {
+        (kv, encoder) = (one(say, saa), 0.0);
+    }
+    (kv.is_finite() && encoder.is_finite()).then_some(DecodeContention { kv, encoder })
+}
+
+/// Per step of `timed` (by index; 0 for what is not a compute step), the time other
+/// workers ran a compute step of each kind `[encode, prefill, decode]` during its span,
+/// over the span. A worker's steps do not overlap, so per worker they are in start order
+/// and those overlapping a span are found by a binary search and a short walk.
+pub fn corunners(timed: &[crate::backend::Timed]) -> Vec<[f64; 3]> {
+    use crate::backend::{Step, Work};
+    let kind = |t: &crate::backend::Timed| match &t.what {
+        Work::Step(Step::Encode { .. }) => Some(0),
+        Work::Step(Step::Prefill(_)) => Some(1),
+        Work::Step(Step::Decode { .. }) => Some(2),
+        _ => None,
+    };
+    let span = |t: &crate::backend::Timed| (t.start_ns, t.start_ns.saturating_add(t.measured_ns));
+    let mut by_worker: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+    for (i, t) in timed.iter().enumerate() {
+        if kind(t).is_some() {
+            by_worker.entry(t.worker).or_default().push(i);
+        }
+    }
+    for v in by_worker.values_mut() {
+        v.sort_by_key(|&i| timed[i].start_ns);
+    }
+    timed
+        .iter()
+        .map(|t| {
+            let (a0, a1) = span(t);
+            let mut with = [0.0; 3];
+            if kind(t).is_none() || a1 == a0 {
+                return with;
+            }
+            for (&w, v) in &by_worker {
+                if w == t.worker {
+                    continue;
+                }
+                let first = v.partition_point(|&j| span(&timed[j]).1 <= a0);
+                for &j in &v[first..] {
+                    let (b0, b1) = span(&timed[j]);
+                    if b0 >= a1 {
+                        break;
+                    }
+                    if let Some(k) = kind(&timed[j]) {
+                        with[k] += (b1.min(a1) - b0.max(a0)) as f64;
+                    }
+                }
+            }
+            with.map(|x| x / (a1 - a0) as f64)
+        })
+        .collect()
 }
 
 /// Every compute step of `timed` that `hw` prices alone ([`step_ratios`]): its kind, its
@@ -866,6 +1015,8 @@ pub fn run_study(
                     capacity_run(mode, requests, &mcfg, cfg, Arc::clone(&exec), stores, out)?;
                 c.all_busy =
                     all_busy_ratios(&timed, &fitted.hardware, &spec, study.workers as usize)?;
+                c.all_busy_decode =
+                    all_busy_decode(&timed, &fitted.hardware, &spec, study.workers as usize)?;
                 let rps = c.measured_rps;
                 study.capacity_runs.push(c);
                 write_report(out, &study)?;
@@ -929,6 +1080,17 @@ pub fn run_study(
                         cores,
                         c.step_scale,
                     );
+                    let decode: Vec<AllBusyDecode> = study
+                        .capacity_runs
+                        .iter()
+                        .flat_map(|cap| cap.all_busy_decode.iter().copied())
+                        .collect();
+                    c.decode_contention = decode_contention_fit(
+                        &decode,
+                        study.workers as usize,
+                        cores,
+                        c.step_scale.decode,
+                    );
                 }
                 let alone_hw = HardwareProfile {
                     step_scale: Some(c.step_scale),
@@ -936,6 +1098,7 @@ pub fn run_study(
                 };
                 let hw = HardwareProfile {
                     oversubscribed: c.oversubscribed,
+                    decode_contention: c.decode_contention,
                     ..alone_hw.clone()
                 };
                 let p = write_hardware(&out.join("profile").join(calibrated_profile_name(k)), &hw)?;
@@ -1131,6 +1294,7 @@ fn calibration_run(
         step_scale,
         oversubscribed: None,
         all_busy_steps: [0; 3],
+        decode_contention: None,
     })
 }
 
@@ -1162,6 +1326,7 @@ fn capacity_run(
             calibrated_rps: Vec::new(),
             alone_calibrated_rps: Vec::new(),
             all_busy: Default::default(),
+            all_busy_decode: Vec::new(),
             run: s,
             burst: (mcfg.clone(), trace, bs),
         },
@@ -1394,7 +1559,7 @@ fn calibration_markdown(cs: &[Calibration]) -> String {
         return String::new();
     };
     let mut s = format!(
-        "\n## Calibration runs\n\nEach round opens with a calibration run: {} at {:.0}% of the operator profile's capacity ({:.2} req/s), {} requests on a trace of its own (seed {}, the same in every round). Its compute steps that ran alone (mean concurrency over the step at most {ALONE_BUSY}) give per kind the median measured / profiled time (a kind with fewer than {MIN_ALONE_STEPS} steps alone keeps 1): the `step_scale` of `profile/profile-calibrated-<k>.toml` for round k. Where the workers outnumber the cores and the study measured its capacity, the same profile's `oversubscribed` factors say how much slower than processor sharing (times the alone factor) each kind ran while every worker was busy: per kind, the median measured / profiled time of such steps in the capacity bursts (pooled over modes; a kind with fewer than {MIN_ALONE_STEPS} keeps 1) over (workers / cores) x its alone factor. The simulator applies them while more steps run than there are cores (INVARIANTS D9). Every run of a round is simulated with its round's factors: the headline errors below. The column *operator profile alone* simulates the same runs with `profile/profile.toml` (no calibration: the headline of studies before the calibration runs existed).\n\n| round | wall s | factor encode / prefill / decode | steps alone E / P / D | steps E / P / D | oversubscribed E / P / D | all-busy burst steps E / P / D |\n|---|---|---|---|---|---|---|\n",
+        "\n## Calibration runs\n\nEach round opens with a calibration run: {} at {:.0}% of the operator profile's capacity ({:.2} req/s), {} requests on a trace of its own (seed {}, the same in every round). Its compute steps that ran alone (mean concurrency over the step at most {ALONE_BUSY}) give per kind the median measured / profiled time (a kind with fewer than {MIN_ALONE_STEPS} steps alone keeps 1): the `step_scale` of `profile/profile-calibrated-<k>.toml` for round k. Where the workers outnumber the cores and the study measured its capacity, the same profile's `oversubscribed` factors say how much slower than processor sharing (times the alone factor) each kind ran while every worker was busy: per kind, the median measured / profiled time of such steps in the capacity bursts (pooled over modes; a kind with fewer than {MIN_ALONE_STEPS} keeps 1) over (workers / cores) x its alone factor. The simulator applies them while more steps run than there are cores (INVARIANTS D9); for decode iterations the profile's `decode_contention` replaces the flat factor: least squares, on the same bursts' all-busy decode iterations, of their loss beyond sharing and the alone factor on each iteration's KV share of its bytes and the encoder batches beside it (`1 + kv x share + encoder x encoders`). Every run of a round is simulated with its round's factors: the headline errors below. The column *operator profile alone* simulates the same runs with `profile/profile.toml` (no calibration: the headline of studies before the calibration runs existed).\n\n| round | wall s | factor encode / prefill / decode | steps alone E / P / D | steps E / P / D | oversubscribed E / P / D | all-busy burst steps E / P / D | decode contention kv / encoder |\n|---|---|---|---|---|---|---|---|\n",
         c.mode,
         100.0 * c.load,
         c.rate,
@@ -1404,7 +1569,7 @@ fn calibration_markdown(cs: &[Calibration]) -> String {
     for c in cs {
         let k = c.step_scale;
         s.push_str(&format!(
-            "| {} | {:.1} | **{:.3} / {:.3} / {:.3}** | {} / {} / {} | {} / {} / {} | {} | {} / {} / {} |\n",
+            "| {} | {:.1} | **{:.3} / {:.3} / {:.3}** | {} / {} / {} | {} / {} / {} | {} | {} / {} / {} | {} |\n",
             c.round,
             c.run.wall_s,
             k.encode,
@@ -1423,6 +1588,8 @@ fn calibration_markdown(cs: &[Calibration]) -> String {
             c.all_busy_steps[0],
             c.all_busy_steps[1],
             c.all_busy_steps[2],
+            c.decode_contention
+                .map_or("-".to_string(), |d| format!("{:.3} / {:.3}", d.kv, d.encoder)),
         ));
     }
     s
@@ -1710,6 +1877,76 @@ mod tests {
             assert!((a - b).abs() < 1e-12, "{f:?}");
         }
         assert_eq!(oversubscribed_factors(&all, 2, 2.0, alone).0, None);
+    }
+
+    /// The decode contention fit recovers known coefficients from iterations priced by
+    /// them (over sharing and the alone factor), sets a negative one to 0 and refits the
+    /// other, and gives nothing without oversubscription or with too few iterations.
+    #[test]
+    fn decode_contention_fit_recovers_its_coefficients() {
+        let (share, alone) = (1.5, 0.9);
+        let priced = |kv: f64, enc: f64, s: f64, e: f64| AllBusyDecode {
+            ratio: share * alone * (1.0 + kv * s + enc * e),
+            kv_share: s,
+            encoders: e,
+        };
+        let grid: Vec<(f64, f64)> = [0.05, 0.2, 0.4, 0.7]
+            .iter()
+            .flat_map(|&s| [0.0, 0.5, 1.0].map(|e| (s, e)))
+            .collect();
+        let steps: Vec<AllBusyDecode> = grid.iter().map(|&(s, e)| priced(0.8, 0.3, s, e)).collect();
+        let c = decode_contention_fit(&steps, 3, 2.0, alone).expect("fitted");
+        assert!(
+            (c.kv - 0.8).abs() < 1e-9 && (c.encoder - 0.3).abs() < 1e-9,
+            "{c:?}"
+        );
+        // An encoder term that would come out negative is 0, and kv is refitted alone.
+        let steps: Vec<AllBusyDecode> =
+            grid.iter().map(|&(s, e)| priced(0.5, -0.4, s, e)).collect();
+        let c = decode_contention_fit(&steps, 3, 2.0, alone).expect("fitted");
+        assert_eq!(c.encoder, 0.0);
+        assert!(c.kv >= 0.0);
+        assert_eq!(decode_contention_fit(&steps, 2, 2.0, alone), None);
+        assert_eq!(
+            decode_contention_fit(&steps[..MIN_ALONE_STEPS - 1], 3, 2.0, alone),
+            None
+        );
+    }
+
+    /// What ran beside each step: per kind, the other workers' step time inside its span
+    /// over the span; its own worker's steps and transfers do not count.
+    #[test]
+    fn corunners_are_the_other_workers_steps_inside_a_span() {
+        use crate::backend::{Step, Timed, Work};
+        let on = |worker: u32, t: Timed| Timed { worker, ..t };
+        let dec = || Step::Decode {
+            batch: 1,
+            ctx_sum: 10,
+            extra: vec![],
+        };
+        let enc = || Step::Encode {
+            tokens: vec![4],
+            contents: vec![1],
+        };
+        let timed = vec![
+            on(0, step(0, 100, dec())),
+            on(1, step(50, 100, enc())),
+            on(2, step(0, 25, Step::Prefill(vec![(8, 0)]))),
+            on(2, step(75, 50, dec())),
+            on(0, step(100, 40, dec())),
+            Timed {
+                worker: 1,
+                what: Work::Fingerprint { bytes: 9 },
+                start_ns: 0,
+                measured_ns: 500,
+                waited_ns: 0,
+            },
+        ];
+        let w = corunners(&timed);
+        assert_eq!(w[0], [0.5, 0.25, 0.25]);
+        assert_eq!(w[1], [0.0, 0.0, (50.0 + 40.0 + 50.0) / 100.0]);
+        assert_eq!(w[4], [1.0, 0.0, 25.0 / 40.0]);
+        assert_eq!(w[5], [0.0; 3]);
     }
 
     /// Step totals: the share of the span at each number of steps running (back-to-back

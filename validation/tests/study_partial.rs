@@ -164,6 +164,23 @@ fn a_study_stopped_part_way_leaves_a_partial_report() {
             !c["oversubscribed"].is_null(),
             "round {k}: the profile's oversubscribed factors are study.json's"
         );
+        // So is the decode contention (absent where too few decode iterations ran with
+        // every worker busy), and it needs oversubscription.
+        assert_eq!(
+            cal.decode_contention.is_some(),
+            !c["decode_contention"].is_null(),
+            "round {k}: the profile's decode contention is study.json's"
+        );
+        if let Some(d) = cal.decode_contention {
+            assert!(cal.oversubscribed.is_some());
+            for (v, name) in [(d.kv, "kv"), (d.encoder, "encoder")] {
+                let j = c["decode_contention"][name].as_f64().unwrap();
+                assert!(
+                    (v - j).abs() <= 1e-12 * v.abs().max(1.0),
+                    "{name}: {v} vs {j}"
+                );
+            }
+        }
         let f = cal
             .step_scale
             .expect("a calibrated profile has a step_scale");
