@@ -315,7 +315,7 @@ pub fn alone_stretch(
 ) -> Result<(StepScale, [usize; 3], [usize; 3]), MeasureError> {
     let mut r: [Vec<f64>; 3] = Default::default();
     let mut steps = [0usize; 3];
-    for (k, busy, ratio) in busy_ratios(timed, hw, spec)? {
+    for (_, k, busy, ratio) in busy_ratios(timed, hw, spec)? {
         steps[k] += 1;
         if busy <= ALONE_BUSY {
             r[k].extend(ratio);
@@ -387,14 +387,13 @@ fn alone_and_all_busy(
     spec: &ModelSpec,
     workers: usize,
 ) -> Result<[KindRatios; 2], MeasureError> {
-    let full = workers as f64 - (ALONE_BUSY - 1.0);
     let mut alone: [Vec<f64>; 3] = Default::default();
     let mut all: [Vec<f64>; 3] = Default::default();
-    for (k, busy, ratio) in busy_ratios(timed, hw, spec)? {
+    for (_, k, busy, ratio) in busy_ratios(timed, hw, spec)? {
         if busy <= ALONE_BUSY {
             alone[k].extend(ratio);
         }
-        if busy >= full {
+        if all_busy(busy, workers) {
             all[k].extend(ratio);
         }
     }
@@ -403,6 +402,19 @@ fn alone_and_all_busy(
 
 /// Measured / profiled times, per kind `[encode, prefill, decode]`.
 type KindRatios = [Vec<f64>; 3];
+
+/// Whether a step whose mean concurrency was `busy` ran with every one of `workers` busy
+/// (at least `workers` less the slack of [`ALONE_BUSY`]).
+fn all_busy(busy: f64, workers: usize) -> bool {
+    busy >= workers as f64 - (ALONE_BUSY - 1.0)
+}
+
+/// Processor sharing's stretch `workers / cores` when the workers outnumber the cores
+/// (`None` otherwise, NaN included: nothing is ever oversubscribed).
+fn oversubscribed_share(workers: usize, cores: f64) -> Option<f64> {
+    let share = workers as f64 / cores;
+    (share.partial_cmp(&1.0) == Some(std::cmp::Ordering::Greater)).then_some(share)
+}
 
 /// The profile's `oversubscribed` factors: per kind, the median measured / profiled time
 /// of the steps that ran with every worker busy (`all_busy`, pooled over the capacity
@@ -417,11 +429,9 @@ pub fn oversubscribed_factors(
     alone: StepScale,
 ) -> (Option<StepScale>, [usize; 3]) {
     let counts = [all_busy[0].len(), all_busy[1].len(), all_busy[2].len()];
-    let share = workers as f64 / cores;
-    // NaN (no cores) counts as not oversubscribed.
-    if share.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
+    let Some(share) = oversubscribed_share(workers, cores) else {
         return (None, counts);
-    }
+    };
     let a = alone.as_array();
     let f: Vec<f64> = (0..3)
         .map(|k| match median(all_busy[k].clone()) {
@@ -462,21 +472,16 @@ pub fn all_busy_decode(
     workers: usize,
 ) -> Result<Vec<AllBusyDecode>, MeasureError> {
     use crate::backend::{Step, Work};
-    let full = workers as f64 - (ALONE_BUSY - 1.0);
     let cost =
         moonagent_models::CostModel::new(hw, spec, 1).map_err(|e| sim_models("cost model", e))?;
-    let mut busy = vec![f64::NAN; timed.len()];
-    for (i, b) in step_concurrency(timed) {
-        busy[i] = b;
-    }
     let beside = corunners(timed);
-    Ok(step_ratios(timed, hw, spec)?
+    Ok(busy_ratios(timed, hw, spec)?
         .into_iter()
-        .filter_map(|(i, k, ratio)| {
+        .filter_map(|(i, k, busy, ratio)| {
             let Work::Step(Step::Decode { batch, ctx_sum, .. }) = &timed[i].what else {
                 return None;
             };
-            (k == 2 && busy[i] >= full).then_some(AllBusyDecode {
+            (k == 2 && all_busy(busy, workers)).then_some(AllBusyDecode {
                 ratio: ratio?,
                 kv_share: cost.decode_kv_share(*batch, *ctx_sum),
                 encoders: beside[i][0],
@@ -496,10 +501,8 @@ pub fn decode_contention_fit(
     cores: f64,
     alone: f64,
 ) -> Option<DecodeContention> {
-    let share = workers as f64 / cores;
-    if share.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater)
-        || steps.len() < MIN_ALONE_STEPS
-        || alone.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+    let share = oversubscribed_share(workers, cores)?;
+    if steps.len() < MIN_ALONE_STEPS || alone.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
     {
         return None;
     }
@@ -578,20 +581,24 @@ pub fn corunners(timed: &[crate::backend::Timed]) -> Vec<[f64; 3]> {
         .collect()
 }
 
-/// Every compute step of `timed` that `hw` prices alone ([`step_ratios`]): its kind, its
-/// mean concurrency ([`step_concurrency`]) and its measured / profiled time.
+/// `(index in timed, kind, mean concurrency, measured / profiled time)` of a step.
+type BusyRatio = (usize, usize, f64, Option<f64>);
+
+/// Every compute step of `timed` that `hw` prices alone ([`step_ratios`]): its index in
+/// `timed`, its kind, its mean concurrency ([`step_concurrency`]) and its measured /
+/// profiled time.
 fn busy_ratios(
     timed: &[crate::backend::Timed],
     hw: &HardwareProfile,
     spec: &ModelSpec,
-) -> Result<Vec<(usize, f64, Option<f64>)>, MeasureError> {
+) -> Result<Vec<BusyRatio>, MeasureError> {
     let mut busy = vec![f64::NAN; timed.len()];
     for (i, b) in step_concurrency(timed) {
         busy[i] = b;
     }
     Ok(step_ratios(timed, hw, spec)?
         .into_iter()
-        .map(|(i, k, ratio)| (k, busy[i], ratio))
+        .map(|(i, k, ratio)| (i, k, busy[i], ratio))
         .collect())
 }
 
