@@ -468,12 +468,11 @@ impl<'a> Simulation<'a> {
                     w.decode_ns += dur;
                     w.decode_seqs += u64::from(batch);
                     // Only a profile with decode_contention prices by it.
-                    let kv = match &self.cores {
-                        Some(SharedCores {
-                            contention: Some(_),
-                            ..
-                        }) => self.cost.decode_kv_share(batch, ctx_sum),
-                        _ => 0.0,
+                    let priced = self.cores.as_ref().is_some_and(|c| c.contention.is_some());
+                    let kv = if priced {
+                        self.cost.decode_kv_share(batch, ctx_sum)
+                    } else {
+                        0.0
                     };
                     self.step(now, worker, dur, K_DECODE, kv);
                 }
@@ -733,24 +732,34 @@ mod tests {
         );
     }
 
+    /// Start every step `(start, worker, ns, kind, KV share)` on `c` (all before the first
+    /// completion), then the completions in order.
+    fn drain(mut c: SharedCores, steps: &[(u64, u32, u64, usize, f64)]) -> Vec<(u64, u32)> {
+        for &(t, w, ns, k, kv) in steps {
+            c.start(t, w, ns, k, kv);
+        }
+        let mut out = Vec::new();
+        while let Some((t, w)) = c.schedule().or(c.next) {
+            assert!(c.finish(t, w));
+            out.push((t, w));
+        }
+        out
+    }
+
     /// A profile's `oversubscribed` factors slow each kind's share only while more steps
     /// run than there are cores; with as many steps as cores, or fewer, nothing changes.
     #[test]
     fn oversubscribed_steps_run_slower_than_their_share_and_only_then() {
         let run = |slow: [f64; 3], steps: &[(u64, u32, u64, usize)]| {
-            let mut c = SharedCores {
+            let c = SharedCores {
                 slow,
                 ..SharedCores::new(2.0, [1.0; 3])
             };
-            let mut out = Vec::new();
-            for &(t, w, ns, k) in steps {
-                c.start(t, w, ns, k, 0.0);
-            }
-            while let Some((t, w)) = c.schedule().or(c.next) {
-                assert!(c.finish(t, w));
-                out.push((t, w));
-            }
-            out
+            let steps: Vec<_> = steps
+                .iter()
+                .map(|&(t, w, ns, k)| (t, w, ns, k, 0.0))
+                .collect();
+            drain(c, &steps)
         };
         let three = [
             (0, 0, 100, K_ENCODE),
@@ -775,20 +784,12 @@ mod tests {
     #[test]
     fn decode_contention_prices_each_iteration_by_its_kv_share_and_the_encoders_beside() {
         let run = |contention: DecodeContention, steps: &[(u64, u32, u64, usize, f64)]| {
-            let mut c = SharedCores {
+            let c = SharedCores {
                 slow: [1.0, 1.0, 5.0],
                 contention: Some(contention),
                 ..SharedCores::new(2.0, [1.0; 3])
             };
-            let mut out = Vec::new();
-            for &(t, w, ns, k, kv) in steps {
-                c.start(t, w, ns, k, kv);
-            }
-            while let Some((t, w)) = c.schedule().or(c.next) {
-                assert!(c.finish(t, w));
-                out.push((t, w));
-            }
-            out
+            drain(c, steps)
         };
         let c = DecodeContention {
             kv: 2.0,
